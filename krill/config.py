@@ -1,0 +1,237 @@
+"""Deployment configuration: one TOML file, validated by pydantic, overridable by env and flags.
+
+Design decisions:
+- One model per concern (chain, store, database, keystore, run) and one per role; every field
+  documented and bounded. Pluggable parts are unions selected by a `type` field.
+- Precedence, lowest first: model defaults < TOML file < environment (`KRILL_<SECTION>__<FIELD>`,
+  e.g. `KRILL_CHAIN__RPC_URL`) < CLI `--set section.field=value`. Overrides are parsed as TOML
+  values when they parse, else taken as strings, so `--set worker.batch_prompts=16` is an int.
+- Validators only validate; nothing rewrites another section.
+- `masked()` renders the effective configuration with secrets (passwords, URL credentials, API
+  keys in query strings) replaced, for `krill config show`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from krill.errors import ConfigError
+
+ENV_PREFIX = "KRILL_"
+
+
+def krill_home() -> Path:
+    """The directory for keystores, devnet state and caches (`KRILL_HOME`, default ~/.krill)."""
+    return Path(os.environ.get("KRILL_HOME", Path.home() / ".krill")).expanduser()
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ChainConfig(_Section):
+    """Where the Krill contracts live and how to talk to the chain."""
+
+    rpc_url: str = Field("http://127.0.0.1:8545", description="EVM JSON-RPC endpoint (http or https).")
+    chain_id: int | None = Field(None, ge=1, description="Expected chain id; checked on connect when set.")
+    protocol_address: str | None = Field(None, pattern=r"^0x[0-9a-fA-F]{40}$",
+                                         description="Address of the deployed KrillProtocol contract.")
+    token_address: str | None = Field(None, pattern=r"^0x[0-9a-fA-F]{40}$",
+                                      description="Address of the KrillToken stake/reward token.")
+    deploy_block: int = Field(0, ge=0, description="Block the protocol was deployed in; event scans start here.")
+    confirmations: int = Field(0, ge=0, le=64, description="Blocks an event must be buried under before it is acted on.")
+    request_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one JSON-RPC request.")
+    retries: int = Field(5, ge=0, le=50, description="Retries of a transient RPC failure, with exponential back-off.")
+    poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to poll for new blocks and receipts.")
+
+
+class LocalStoreConfig(_Section):
+    """The embedded content store: a content-addressed directory shared by processes on one host."""
+
+    type: Literal["local"] = "local"
+    path: Path = Field(default_factory=lambda: krill_home() / "store", description="Directory of the store.")
+    max_get_bytes: int = Field(1 << 30, ge=1, description="Largest object a get will return.")
+
+
+class KuboStoreConfig(_Section):
+    """A Kubo (go-ipfs) daemon reached through its HTTP RPC API."""
+
+    type: Literal["kubo"] = "kubo"
+    api_url: str = Field("http://127.0.0.1:5001", description="Base URL of the Kubo RPC API.")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="Timeout of one RPC call.")
+    max_get_bytes: int = Field(1 << 30, ge=1, description="Largest object a get will return.")
+
+
+class EmbeddedKuboStoreConfig(_Section):
+    """A Kubo node running inside this process (optional extra `krill[p2p]`)."""
+
+    type: Literal["embedded-kubo"] = "embedded-kubo"
+    repo_path: Path = Field(default_factory=lambda: krill_home() / "ipfs", description="IPFS repo directory.")
+    swarm_addresses: list[str] = Field(default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"],
+                                       description="Multiaddresses to listen on; loopback unless set.")
+    bootstrap: list[str] = Field(default_factory=list, description="Peer multiaddresses to connect to at start.")
+    max_get_bytes: int = Field(1 << 30, ge=1, description="Largest object a get will return.")
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="Timeout of one fetch from the network.")
+
+
+StoreConfig = Annotated[LocalStoreConfig | KuboStoreConfig | EmbeddedKuboStoreConfig, Field(discriminator="type")]
+
+
+class DatabaseConfig(_Section):
+    """The local index: SQLite by default, PostgreSQL by URL."""
+
+    url: str = Field(default_factory=lambda: f"sqlite:///{krill_home() / 'krill.db'}",
+                     description="SQLAlchemy URL, e.g. sqlite:///path.db or postgresql+psycopg://user@host/db.")
+
+
+class KeystoreConfig(_Section):
+    """This participant's identity: an encrypted keystore file."""
+
+    path: Path | None = Field(None, description="Keystore file; default: the only one in $KRILL_HOME/keys.")
+    password: SecretStr | None = Field(None, description="Keystore password (prefer KRILL_KEYSTORE__PASSWORD or a prompt).")
+
+
+class RunConfig(_Section):
+    """Which training run this deployment takes part in."""
+
+    id: str = Field("krill-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+                    description="Run identifier (hashed to the on-chain bytes32 run id).")
+
+
+class WorkerConfig(_Section):
+    """Settings of `krill worker run`."""
+
+    behavior: str = Field("honest", description="Strategy; anything but 'honest' is an attack used in tests and benches.")
+
+
+class VerifierConfig(_Section):
+    """Settings of `krill verifier run`."""
+
+    check_probability: float | None = Field(None, gt=0, le=1, description="Override of the run's check probability.")
+
+
+class CoordinatorConfig(_Section):
+    """Settings of `krill coordinator run`."""
+
+    shards: list[int] | None = Field(None, description="Shards this coordinator serves; default all.")
+
+
+class KrillConfig(_Section):
+    """The whole deployment configuration."""
+
+    chain: ChainConfig = Field(default_factory=ChainConfig)
+    store: StoreConfig = Field(default_factory=LocalStoreConfig)
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig)
+    keystore: KeystoreConfig = Field(default_factory=KeystoreConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+
+    def masked(self) -> dict[str, Any]:
+        """The configuration as plain data with every secret masked."""
+        return _mask(self.model_dump(mode="json"))
+
+
+_SECRET_KEYS = re.compile(r"(password|secret|token_key|api_key|private)", re.I)
+_URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]+)(:(?P<pw>[^@/]*))?@", re.I)
+_QUERY_SECRET = re.compile(r"([?&](?:key|apikey|api_key|token|secret)=)[^&]+", re.I)
+
+
+def _mask(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _mask(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, key) for v in value]
+    if isinstance(value, str):
+        if _SECRET_KEYS.search(key) and value:
+            return "********"
+        value = _URL_CREDS.sub(lambda m: f"{m['scheme']}{m['user']}{':********' if m['pw'] is not None else ''}@", value)
+        return _QUERY_SECRET.sub(r"\1********", value)
+    return value
+
+
+def default_config_path() -> Path | None:
+    """`KRILL_CONFIG`, else the config the running devnet wrote, else none."""
+    env = os.environ.get("KRILL_CONFIG")
+    if env:
+        return Path(env).expanduser()
+    devnet = krill_home() / "devnet" / "config.toml"
+    return devnet if devnet.exists() else None
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_path(data: dict, dotted: str, value: Any, origin: str) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if len(parts) < 2:
+        raise ConfigError(f"{origin}: '{dotted}' must name a section and a field, e.g. chain.rpc_url")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{origin}: '{dotted}' goes through a value that is not a section")
+    node[parts[-1]] = value
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[str, Any]]:
+    """Overrides from `KRILL_<SECTION>__<FIELD>` variables (double underscore between levels)."""
+    environ = os.environ if environ is None else environ
+    out = []
+    for name, raw in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
+            out.append((dotted, _parse_scalar(raw)))
+    return out
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | tuple[str, ...] = (),
+                environ: dict[str, str] | None = None) -> KrillConfig:
+    """Load the effective configuration: defaults < file < environment < `section.field=value` overrides."""
+    data: dict[str, Any] = {}
+    path = Path(path) if path is not None else default_config_path()
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist (run `krill devnet up` or pass --config)") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for dotted, value in env_overrides(environ):
+        _set_path(data, dotted, value, f"environment KRILL_{dotted.upper().replace('.', '__')}")
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set '{item}': expected section.field=value")
+        dotted, raw = item.split("=", 1)
+        _set_path(data, dotted.strip(), _parse_scalar(raw.strip()), f"--set {item}")
+    try:
+        return KrillConfig.model_validate(data)
+    except ValidationError as exc:
+        where = f" in {path}" if path else ""
+        lines = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid configuration{where}: {lines}") from None
+
+
+def write_config(config: KrillConfig, path: Path) -> None:
+    """Write a configuration as TOML (secrets included: the file is made mode 0600)."""
+    import tomli_w
+
+    data = config.model_dump(mode="json", exclude_none=True)
+    if config.keystore.password is not None:
+        data["keystore"]["password"] = config.keystore.password.get_secret_value()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
+    tmp.chmod(0o600)
+    tmp.replace(path)
