@@ -1,0 +1,114 @@
+"""Content identifiers exactly as Kubo computes them.
+
+Design decisions:
+- Krill names every object by an IPFS CID so that any IPFS node can serve it and anyone can check
+  it. Two ways in, both matching Kubo byte for byte:
+  * `raw_block_cid(data)`: one raw block, CIDv1 codec `raw`, sha2-256, base32 (`bafk...`). Because
+    the CID is a fixed prefix plus the sha256 digest, `digest_to_cid(sha256(data))` gives the same
+    string: a header whose digest sits on-chain can be located from the chain alone.
+  * `file_cid(data)`: the root CID of `ipfs add --cid-version 1 --raw-leaves`: one raw block when
+    the content fits one 256 KiB chunk, else a UnixFS balanced DAG (see `krill.store.unixfs`).
+- CID and multihash encoding use the maintained `multiformats` package, not hand-rolled varints.
+- Only sha2-256 CIDs with codec `raw` or `dag-pb` are accepted (`parse_cid`): those are the only
+  ones Krill produces, and refusing the rest means a verifier never has to trust a hash function
+  it did not choose. CIDv0 (`Qm...`) is accepted for reading because it is the same multihash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import BinaryIO
+
+from multiformats import CID, multihash
+
+from krill.errors import IntegrityError, StoreError
+
+CHUNK_SIZE = 256 * 1024
+"""Kubo's default fixed-size chunker (`size-262144`)."""
+MAX_LINKS = 174
+"""Kubo's balanced layout puts at most this many links in one UnixFS node."""
+MAX_BLOCK_SIZE = 1024 * 1024
+"""Largest raw block `put_block` stores: what bitswap moves in one message without complaint."""
+
+RAW = "raw"
+DAG_PB = "dag-pb"
+_ACCEPTED_CODECS = (RAW, DAG_PB)
+
+
+class InvalidCIDError(StoreError, ValueError):
+    """A string is not a CID Krill accepts (malformed, wrong hash function or codec)."""
+
+
+def _cid(codec: str, digest: bytes) -> CID:
+    return CID("base32", 1, codec, multihash.wrap(digest, "sha2-256"))
+
+
+def raw_block_cid(data: bytes) -> str:
+    """CIDv1 (raw, sha2-256, base32) of one block: what `ipfs block put --cid-codec raw` returns."""
+    return str(_cid(RAW, hashlib.sha256(data).digest()))
+
+
+def dag_pb_cid(block: bytes) -> str:
+    """CIDv1 (dag-pb, sha2-256, base32) of an encoded dag-pb node."""
+    return str(_cid(DAG_PB, hashlib.sha256(block).digest()))
+
+
+def digest_to_cid(sha256_digest: bytes) -> str:
+    """The raw-block CID of content whose sha256 is `sha256_digest` (e.g. an on-chain header digest)."""
+    if not isinstance(sha256_digest, bytes | bytearray) or len(sha256_digest) != 32:
+        raise InvalidCIDError(f"a sha256 digest is 32 bytes, got {type(sha256_digest).__name__} "
+                              f"of length {len(sha256_digest) if hasattr(sha256_digest, '__len__') else '?'}")
+    return str(_cid(RAW, bytes(sha256_digest)))
+
+
+def parse_cid(cid: str | CID) -> CID:
+    """Decode and check a CID string: v0 or v1, sha2-256 with a 32-byte digest, codec raw or dag-pb."""
+    if isinstance(cid, CID):
+        parsed = cid
+    else:
+        if not isinstance(cid, str) or not 1 <= len(cid) <= 128:
+            raise InvalidCIDError(f"not a CID string: {cid!r:.80}")
+        try:
+            parsed = CID.decode(cid)
+        except Exception as exc:  # multiformats raises a zoo of types for malformed input
+            raise InvalidCIDError(f"malformed CID {cid!r:.80}: {exc}") from None
+    if parsed.hashfun.name != "sha2-256" or len(parsed.raw_digest) != 32:
+        raise InvalidCIDError(f"CID {cid} uses {parsed.hashfun.name}; Krill accepts only sha2-256")
+    if parsed.codec.name not in _ACCEPTED_CODECS:
+        raise InvalidCIDError(f"CID {cid} has codec {parsed.codec.name}; Krill accepts only raw and dag-pb")
+    return parsed
+
+
+def normalize_cid(cid: str | CID) -> str:
+    """The canonical CIDv1 base32 string for `cid` (CIDv0 `Qm...` becomes its `bafy...` twin)."""
+    parsed = parse_cid(cid)
+    return str(_cid(parsed.codec.name, bytes(parsed.raw_digest)))
+
+
+def cid_codec(cid: str | CID) -> str:
+    """'raw' or 'dag-pb'."""
+    return parse_cid(cid).codec.name
+
+
+def cid_to_digest(cid: str | CID) -> bytes:
+    """The sha256 digest inside a raw-block CID (inverse of `digest_to_cid`)."""
+    parsed = parse_cid(cid)
+    if parsed.codec.name != RAW:
+        raise InvalidCIDError(f"CID {cid} is a {parsed.codec.name} node, not a raw block: it names no "
+                              "single sha256 of content")
+    return bytes(parsed.raw_digest)
+
+
+def verify_block(cid: str | CID, block: bytes) -> None:
+    """Raise `IntegrityError` unless `block` hashes to `cid` (any accepted codec)."""
+    parsed = parse_cid(cid)
+    if hashlib.sha256(block).digest() != bytes(parsed.raw_digest):
+        raise IntegrityError(f"block of {len(block)} bytes does not hash to {cid}")
+
+
+def file_cid(data: bytes | BinaryIO) -> str:
+    """Root CID of `ipfs add --cid-version 1 --raw-leaves` of `data` (bytes or a binary stream)."""
+    from krill.store.unixfs import build_file_dag
+
+    cids = [cid for cid, _block in build_file_dag(data)]
+    return cids[-1]

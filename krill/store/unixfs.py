@@ -1,0 +1,337 @@
+"""UnixFS files as Kubo builds them: fixed 256 KiB chunks, balanced DAG, dag-pb internal nodes.
+
+Design decisions:
+- `build_file_dag` reproduces `ipfs add` (balanced layout, `size-262144` chunker, at most 174 links
+  per node). CIDv1 uses raw leaves (`--cid-version 1 --raw-leaves`, Krill's format); CIDv0 uses
+  dag-pb leaves (plain `ipfs add`), kept so Krill can name what a stock Kubo returns. Kubo fills the
+  tree top-down (`fillNodeRec`); grouping bottom-up in runs of 174, where every level above the
+  leaves wraps even a lone node, yields the identical tree and lets us stream: blocks come out as
+  soon as they are complete, so a 1 GiB file never sits in memory.
+- dag-pb and UnixFS are tiny protobufs; we encode them here with the exact field order Go's
+  encoder uses (links before data; link name always present, even empty) because the CID depends
+  on every byte. The decoder is strict and bounded: it reads untrusted blocks from the network.
+- `iter_file` walks a DAG through a block getter, checks every block against its CID, checks the
+  UnixFS sizes for consistency and refuses files larger than `max_bytes` before fetching them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from multiformats import CID, multihash
+
+from krill.errors import IntegrityError, StoreError
+from krill.store.cid import CHUNK_SIZE, DAG_PB, MAX_BLOCK_SIZE, MAX_LINKS, RAW, parse_cid
+
+UNIXFS_RAW = 0
+UNIXFS_FILE = 2
+MAX_DEPTH = 16
+"""Deepest DAG `iter_file` follows; a 1 TiB file is depth 3."""
+
+
+class MalformedBlockError(IntegrityError):
+    """A dag-pb or UnixFS block does not decode, or its sizes contradict each other."""
+
+
+@dataclass(frozen=True)
+class Link:
+    cid: CID
+    name: str
+    tsize: int
+
+
+@dataclass(frozen=True)
+class UnixfsData:
+    type: int
+    data: bytes
+    filesize: int | None
+    blocksizes: tuple[int, ...]
+
+
+# ---------------------------------------------------------------- protobuf encoding
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _bytes_field(tag: int, value: bytes) -> bytes:
+    return bytes([tag]) + _varint(len(value)) + value
+
+
+def encode_unixfs(type_: int, data: bytes | None, filesize: int, blocksizes: list[int]) -> bytes:
+    """UnixFS `Data` message: Type, [Data], filesize, blocksizes (unpacked), in field order."""
+    out = bytearray(b"\x08" + _varint(type_))
+    if data is not None:
+        out += _bytes_field(0x12, data)
+    out += b"\x18" + _varint(filesize)
+    for size in blocksizes:
+        out += b"\x20" + _varint(size)
+    return bytes(out)
+
+
+def encode_dag_pb(links: list[Link], data: bytes | None) -> bytes:
+    """A dag-pb PBNode: every link (Hash, Name, Tsize) first, then Data, as go-codec-dagpb writes it."""
+    out = bytearray()
+    for link in links:
+        body = _bytes_field(0x0A, bytes(link.cid)) + _bytes_field(0x12, link.name.encode()) + b"\x18" + _varint(link.tsize)
+        out += _bytes_field(0x12, body)
+    if data is not None:
+        out += _bytes_field(0x0A, data)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------- protobuf decoding (strict)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise MalformedBlockError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise MalformedBlockError("varint longer than 64 bits")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of a protobuf message; only varint and length-delimited."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+        elif wire == 2:
+            length, pos = _read_varint(buf, pos)
+            if pos + length > len(buf):
+                raise MalformedBlockError("length-delimited field runs past the block")
+            value, pos = buf[pos:pos + length], pos + length
+        else:
+            raise MalformedBlockError(f"unsupported protobuf wire type {wire}")
+        yield number, wire, value
+
+
+def decode_dag_pb(block: bytes) -> tuple[list[Link], bytes | None]:
+    """Links and data of a dag-pb node; raises `MalformedBlockError` on anything unexpected."""
+    links: list[Link] = []
+    data: bytes | None = None
+    for number, wire, value in _fields(block):
+        if number == 2 and wire == 2:
+            links.append(_decode_link(value))
+        elif number == 1 and wire == 2 and data is None:
+            data = bytes(value)
+        else:
+            raise MalformedBlockError(f"unexpected dag-pb field {number} (wire type {wire})")
+    return links, data
+
+
+def _decode_link(buf: bytes) -> Link:
+    cid = name = tsize = None
+    for number, wire, value in _fields(buf):
+        if number == 1 and wire == 2 and cid is None:
+            try:
+                cid = parse_cid(CID.decode(bytes(value)))
+            except Exception as exc:
+                raise MalformedBlockError(f"dag-pb link hash is not an accepted CID: {exc}") from None
+        elif number == 2 and wire == 2 and name is None:
+            try:
+                name = bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedBlockError("dag-pb link name is not UTF-8") from None
+        elif number == 3 and wire == 0 and tsize is None:
+            tsize = value
+        else:
+            raise MalformedBlockError(f"unexpected dag-pb link field {number}")
+    if cid is None:
+        raise MalformedBlockError("dag-pb link without a hash")
+    return Link(cid, name or "", tsize or 0)
+
+
+def decode_unixfs(buf: bytes) -> UnixfsData:
+    type_ = None
+    data = b""
+    filesize = None
+    blocksizes: list[int] = []
+    for number, wire, value in _fields(buf):
+        if number == 1 and wire == 0 and type_ is None:
+            type_ = value
+        elif number == 2 and wire == 2:
+            data = bytes(value)
+        elif number == 3 and wire == 0:
+            filesize = value
+        elif number == 4 and wire == 0:
+            blocksizes.append(value)
+        elif number == 4 and wire == 2:  # packed encoding, legal protobuf even if Go never writes it
+            pos = 0
+            while pos < len(value):
+                size, pos = _read_varint(value, pos)
+                blocksizes.append(size)
+        elif number in (5, 6, 7, 8):  # hashType, fanout, mode, mtime: metadata that does not change bytes
+            continue
+        else:
+            raise MalformedBlockError(f"unexpected UnixFS field {number}")
+    if type_ is None:
+        raise MalformedBlockError("UnixFS node without a type")
+    return UnixfsData(type_, data, filesize, tuple(blocksizes))
+
+
+# ---------------------------------------------------------------- building
+
+
+def _chunks(data: bytes | BinaryIO) -> Iterator[bytes]:
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = bytes(data)
+        if not view:
+            yield b""
+        for start in range(0, len(view), CHUNK_SIZE):
+            yield view[start:start + CHUNK_SIZE]
+        return
+    stream: BinaryIO = data
+    first = True
+    while True:
+        buf = io.BytesIO()
+        while buf.tell() < CHUNK_SIZE:
+            piece = stream.read(CHUNK_SIZE - buf.tell())
+            if not piece:
+                break
+            buf.write(piece)
+        chunk = buf.getvalue()
+        if not chunk and not first:
+            return
+        first = False
+        yield chunk
+        if len(chunk) < CHUNK_SIZE:
+            return
+
+
+def _cid_for(codec: str, block: bytes, version: int) -> CID:
+    mh = multihash.wrap(hashlib.sha256(block).digest(), "sha2-256")
+    if version == 0:
+        return CID("base58btc", 0, DAG_PB, mh)
+    return CID("base32", 1, codec, mh)
+
+
+@dataclass(frozen=True)
+class _Child:
+    cid: CID
+    tsize: int      # bytes of every block under this child, as dag-pb link Tsize counts them
+    filesize: int   # bytes of file content under this child
+
+
+def _leaf(chunk: bytes, version: int) -> tuple[_Child, bytes]:
+    if version == 1:
+        return _Child(_cid_for(RAW, chunk, 1), len(chunk), len(chunk)), chunk
+    block = encode_dag_pb([], encode_unixfs(UNIXFS_FILE, chunk, len(chunk), []))
+    return _Child(_cid_for(DAG_PB, block, 0), len(block), len(chunk)), block
+
+
+def _internal(children: list[_Child], version: int) -> tuple[_Child, bytes]:
+    filesize = sum(c.filesize for c in children)
+    data = encode_unixfs(UNIXFS_FILE, None, filesize, [c.filesize for c in children])
+    block = encode_dag_pb([Link(c.cid, "", c.tsize) for c in children], data)
+    tsize = len(block) + sum(c.tsize for c in children)
+    return _Child(_cid_for(DAG_PB, block, version), tsize, filesize), block
+
+
+def build_file_dag(data: bytes | BinaryIO, cid_version: int = 1) -> Iterator[tuple[str, bytes]]:
+    """Yield (CID, block) for every block of the file, children before parents, root last.
+
+    `cid_version=1` is `ipfs add --cid-version 1 --raw-leaves`; `0` is plain `ipfs add`.
+    """
+    if cid_version not in (0, 1):
+        raise StoreError(f"cid_version must be 0 or 1, got {cid_version}")
+    levels: list[list[_Child]] = [[]]
+    for chunk in _chunks(data):
+        child, block = _leaf(chunk, cid_version)
+        yield str(child.cid), block
+        levels[0].append(child)
+        level = 0
+        while len(levels[level]) == MAX_LINKS:  # a full node is final whatever follows
+            node, block = _internal(levels[level], cid_version)
+            yield str(node.cid), block
+            levels[level] = []
+            if level + 1 == len(levels):
+                levels.append([])
+            levels[level + 1].append(node)
+            level += 1
+    for level in range(len(levels)):
+        above = any(levels[higher] for higher in range(level + 1, len(levels)))
+        pending = levels[level]
+        if not pending:
+            continue
+        if len(pending) == 1 and not above:
+            return  # the lone node at the top is the root, already yielded
+        node, block = _internal(pending, cid_version)
+        yield str(node.cid), block
+        if level + 1 == len(levels):
+            levels.append([])
+        levels[level + 1].append(node)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def iter_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> Iterator[bytes]:
+    """Yield the content of the file `cid` in order, verifying every block and every size."""
+    root = parse_cid(cid)
+    yield from _walk(get_block, root, max_bytes, expected_size=None, depth=0)
+
+
+def _fetch(get_block: Callable[[str], bytes], cid: CID, limit: int) -> bytes:
+    block = get_block(str(cid))
+    if len(block) > limit:
+        raise StoreError(f"block {cid} is {len(block)} bytes, over the limit of {limit}")
+    if hashlib.sha256(block).digest() != bytes(cid.raw_digest):
+        raise IntegrityError(f"block of {len(block)} bytes does not hash to {cid}")
+    return block
+
+
+def _walk(get_block, cid: CID, max_bytes: int, expected_size: int | None, depth: int) -> Iterator[bytes]:
+    if depth > MAX_DEPTH:
+        raise MalformedBlockError(f"DAG under {cid} is deeper than {MAX_DEPTH} levels")
+    if cid.codec.name == RAW:
+        block = _fetch(get_block, cid, min(max_bytes, MAX_BLOCK_SIZE * 2))
+        if expected_size is not None and len(block) != expected_size:
+            raise MalformedBlockError(f"leaf {cid} holds {len(block)} bytes, its parent says {expected_size}")
+        if len(block) > max_bytes:
+            raise StoreError(f"object is larger than the limit of {max_bytes} bytes")
+        yield block
+        return
+    block = _fetch(get_block, cid, MAX_BLOCK_SIZE * 2)
+    links, data = decode_dag_pb(block)
+    if data is None:
+        raise MalformedBlockError(f"dag-pb node {cid} has no UnixFS data")
+    node = decode_unixfs(data)
+    if node.type not in (UNIXFS_FILE, UNIXFS_RAW):
+        raise MalformedBlockError(f"dag-pb node {cid} is UnixFS type {node.type}, not a file")
+    if len(node.blocksizes) != len(links):
+        raise MalformedBlockError(f"node {cid} has {len(links)} links but {len(node.blocksizes)} block sizes")
+    total = len(node.data) + sum(node.blocksizes)
+    if node.filesize is not None and node.filesize != total:
+        raise MalformedBlockError(f"node {cid} claims {node.filesize} bytes but its parts add up to {total}")
+    if expected_size is not None and total != expected_size:
+        raise MalformedBlockError(f"node {cid} holds {total} bytes, its parent says {expected_size}")
+    if total > max_bytes:
+        raise StoreError(f"object {cid} is {total} bytes, over the limit of {max_bytes}")
+    if node.data:
+        yield node.data
+    for link, size in zip(links, node.blocksizes, strict=True):
+        yield from _walk(get_block, link.cid, max_bytes, size, depth + 1)
