@@ -33,6 +33,18 @@ MAX_DEPTH = 16
 """Deepest DAG `iter_file` follows; a 1 TiB file is depth 3."""
 
 
+class ObjectTooLargeError(StoreError):
+    """An object is larger than the size cap of the read that asked for it."""
+
+
+class BlockMismatchError(IntegrityError):
+    """A block's bytes do not hash to the CID it was fetched by; `cid` names it."""
+
+    def __init__(self, message: str, cid: str):
+        super().__init__(message)
+        self.cid = cid
+
+
 class MalformedBlockError(IntegrityError):
     """A dag-pb or UnixFS block does not decode, or its sizes contradict each other."""
 
@@ -298,9 +310,9 @@ def iter_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> It
 def _fetch(get_block: Callable[[str], bytes], cid: CID, limit: int) -> bytes:
     block = get_block(str(cid))
     if len(block) > limit:
-        raise StoreError(f"block {cid} is {len(block)} bytes, over the limit of {limit}")
+        raise ObjectTooLargeError(f"block {cid} is {len(block)} bytes, over the limit of {limit}")
     if hashlib.sha256(block).digest() != bytes(cid.raw_digest):
-        raise IntegrityError(f"block of {len(block)} bytes does not hash to {cid}")
+        raise BlockMismatchError(f"block of {len(block)} bytes does not hash to {cid}", str(cid))
     return block
 
 
@@ -312,7 +324,7 @@ def _walk(get_block, cid: CID, max_bytes: int, expected_size: int | None, depth:
         if expected_size is not None and len(block) != expected_size:
             raise MalformedBlockError(f"leaf {cid} holds {len(block)} bytes, its parent says {expected_size}")
         if len(block) > max_bytes:
-            raise StoreError(f"object is larger than the limit of {max_bytes} bytes")
+            raise ObjectTooLargeError(f"object {cid} is {len(block)} bytes, over the limit of {max_bytes}")
         yield block
         return
     block = _fetch(get_block, cid, MAX_BLOCK_SIZE * 2)
@@ -330,7 +342,7 @@ def _walk(get_block, cid: CID, max_bytes: int, expected_size: int | None, depth:
     if expected_size is not None and total != expected_size:
         raise MalformedBlockError(f"node {cid} holds {total} bytes, its parent says {expected_size}")
     if total > max_bytes:
-        raise StoreError(f"object {cid} is {total} bytes, over the limit of {max_bytes}")
+        raise ObjectTooLargeError(f"object {cid} is {total} bytes, over the limit of {max_bytes}")
     if node.data:
         yield node.data
     for link, size in zip(links, node.blocksizes, strict=True):

