@@ -161,6 +161,8 @@ def _decode_link(buf: bytes) -> Link:
         if number == 1 and wire == 2 and cid is None:
             try:
                 cid = parse_cid(CID.decode(bytes(value)))
+                if cid.version == 1:  # binary CIDs carry no base; print them as Kubo does
+                    cid = cid.set(base="base32")
             except Exception as exc:
                 raise MalformedBlockError(f"dag-pb link hash is not an accepted CID: {exc}") from None
         elif number == 2 and wire == 2 and name is None:
