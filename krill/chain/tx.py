@@ -1,0 +1,219 @@
+"""Sending transactions: local signing, nonce management, receipts and revert decoding.
+
+Design decisions:
+- Transactions are signed locally by a `LocalAccount` and sent raw, so any JSON-RPC node works
+  (no unlocked node accounts).
+- Every write is first estimated: a revert surfaces there, before a nonce is spent, and is
+  raised as the Python class of its Solidity custom error. If a mined transaction still fails
+  (state changed in between) it is replayed as a call against its block's parent to recover the
+  error.
+- Nonces are tracked per sender by a `NonceBook` shared by all clients on the same chain
+  connection: the first send reads the pending count, later sends increment locally (no
+  round-trip, no collisions between clients of one account in this process). Any failure after
+  a nonce was taken, and `reset()` (for example after a devnet snapshot revert), makes the next
+  send read it from the chain again.
+- Fees follow EIP-1559: maxFee = 2 x base fee + priority fee (the node's suggestion).
+- Resending after a transient fault is safe: the signed bytes and hence the hash are the same,
+  and "already known" from the node counts as sent.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from krill.chain.errors import revert_from_exception
+from krill.chain.events import ChainEvent, decode_receipt
+from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, is_in_process, with_retries
+from krill.errors import ChainError, ContractRevert
+
+E = TypeVar("E", bound=ChainEvent)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A mined, successful transaction and the Krill events it emitted."""
+
+    transaction_hash: str
+    block_number: int
+    gas_used: int
+    events: tuple[ChainEvent, ...]
+    contract_address: str | None = None
+
+    def events_of(self, kind: type[E]) -> list[E]:
+        """The events of one type, in log order."""
+        return [e for e in self.events if isinstance(e, kind)]
+
+    def event(self, kind: type[E]) -> E:
+        """The single event of type `kind` (ChainError if there is not exactly one)."""
+        found = self.events_of(kind)
+        if len(found) != 1:
+            raise ChainError(f"transaction {self.transaction_hash} emitted {len(found)} {kind.__name__} events, "
+                             "expected exactly one")
+        return found[0]
+
+
+class NonceBook:
+    """Next nonce per sender address for one chain connection (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}
+
+    def take(self, w3: Web3, address: str, retry: RetryPolicy) -> int:
+        with self._lock:
+            if address not in self._next:
+                self._next[address] = with_retries(
+                    lambda: w3.eth.get_transaction_count(address, "pending"), "eth_getTransactionCount",
+                    retry, endpoint_of(w3))
+            nonce = self._next[address]
+            self._next[address] = nonce + 1
+            return nonce
+
+    def forget(self, address: str) -> None:
+        with self._lock:
+            self._next.pop(address, None)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._next.clear()
+
+
+_BOOKS: dict[int, NonceBook] = {}
+_BOOKS_LOCK = threading.Lock()
+
+
+def nonce_book(w3: Web3) -> NonceBook:
+    """The NonceBook shared by every client of this Web3 instance."""
+    with _BOOKS_LOCK:
+        return _BOOKS.setdefault(id(w3), NonceBook())
+
+
+class Transactor:
+    """Sends transactions and calls for one account on one chain connection."""
+
+    def __init__(self, w3: Web3, account: LocalAccount | None, retry: RetryPolicy = DEFAULT_RETRY,
+                 receipt_timeout_s: float = 120.0, gas_margin: float = 1.2):
+        self.w3 = w3
+        self.account = account
+        self.retry = retry
+        self.receipt_timeout_s = receipt_timeout_s
+        self.gas_margin = gas_margin
+        self.nonces = nonce_book(w3)
+        self._endpoint = endpoint_of(w3)
+        # py-evm already estimates in the pending block and rejects the "pending" tag.
+        self._estimate_block = None if is_in_process(w3) else "pending"
+
+    @property
+    def address(self) -> str:
+        if self.account is None:
+            raise ChainError("this client has no account: pass one to send transactions")
+        return self.account.address
+
+    def _rpc(self, fn, what: str):
+        return with_retries(fn, what, self.retry, self._endpoint)
+
+    def call(self, fn: Any, what: str) -> Any:
+        """Run a contract view/call; reverts become their ContractRevert subclass."""
+        sender = {"from": self.account.address} if self.account is not None else {}
+        try:
+            return self._rpc(lambda: fn.call(sender), what)
+        except ContractRevert:
+            raise
+        except Exception as exc:
+            revert = revert_from_exception(exc, what)
+            if revert is None:
+                raise
+            raise revert from exc
+
+    def _fees(self) -> dict[str, int]:
+        block = self._rpc(lambda: self.w3.eth.get_block("latest"), "eth_getBlockByNumber")
+        base = int(block.get("baseFeePerGas") or 0)
+        try:
+            priority = int(self._rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas"))
+        except ContractRevert:
+            raise
+        except Exception:  # noqa: BLE001 - nodes without the method get a fixed 1 gwei tip
+            priority = 10**9
+        return {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority}
+
+    def transact(self, fn: Any, what: str) -> Receipt:
+        """Estimate, sign, send and wait for a contract function call; decode its events."""
+        return self._send(lambda params: fn.build_transaction(params), what)
+
+    def deploy(self, contract_factory: Any, args: tuple, what: str) -> Receipt:
+        """Deploy a contract (web3 contract factory with bytecode); `contract_address` is set."""
+        return self._send(lambda params: contract_factory.constructor(*args).build_transaction(params), what)
+
+    def _send(self, build, what: str) -> Receipt:
+        sender = self.address
+        # `gas` is given so web3 does not estimate on its own against "latest": we estimate against
+        # "pending", the block the transaction will land in (block.number-dependent checks agree).
+        tx = dict(build({"from": sender, "chainId": self._chain_id(), **self._fees(), "gas": 1}))
+        probe = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
+        try:
+            tx["gas"] = self._rpc(lambda: self.w3.eth.estimate_gas(probe, self._estimate_block), f"{what} (estimate)")
+        except ContractRevert:
+            raise
+        except Exception as exc:
+            revert = revert_from_exception(exc, what)
+            if revert is None:
+                raise
+            raise revert from exc
+        tx["gas"] = int(tx["gas"] * self.gas_margin) + 10_000
+        tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
+        try:
+            signed = self.account.sign_transaction(tx)
+            tx_hash = self._send_raw(signed.raw_transaction, what)
+            receipt = self._rpc(lambda: self.w3.eth.wait_for_transaction_receipt(
+                tx_hash, timeout=self.receipt_timeout_s, poll_latency=0.05), f"{what} (receipt)")
+        except Exception:
+            self.nonces.forget(sender)
+            raise
+        if receipt["status"] != 1:
+            raise self._failure(tx, receipt, what)
+        return Receipt(
+            transaction_hash="0x" + bytes(receipt["transactionHash"]).hex(),
+            block_number=receipt["blockNumber"],
+            gas_used=receipt["gasUsed"],
+            events=decode_receipt(self.w3, receipt),
+            contract_address=receipt.get("contractAddress"),
+        )
+
+    def _chain_id(self) -> int:
+        if not hasattr(self, "_cached_chain_id"):
+            self._cached_chain_id = self._rpc(lambda: self.w3.eth.chain_id, "eth_chainId")
+        return self._cached_chain_id
+
+    def _send_raw(self, raw: bytes, what: str) -> bytes:
+        tx_hash = Web3.keccak(raw)
+        attempt = 0
+
+        def send() -> bytes:
+            nonlocal attempt
+            attempt += 1
+            try:
+                return self.w3.eth.send_raw_transaction(raw)
+            except Exception as exc:
+                if attempt > 1 and "already known" in str(exc).lower():
+                    return tx_hash
+                raise
+
+        return self._rpc(send, f"{what} (send)")
+
+    def _failure(self, tx: dict, receipt: Any, what: str) -> ChainError:
+        call = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
+        call["from"] = self.address
+        try:
+            self._rpc(lambda: self.w3.eth.call(call, receipt["blockNumber"] - 1), f"{what} (replay)")
+        except Exception as exc:  # noqa: BLE001 - the replay exists only to recover the revert
+            revert = revert_from_exception(exc, what)
+            if revert is not None:
+                return revert
+        tx_hash = "0x" + bytes(receipt["transactionHash"]).hex()
+        return ContractRevert(f"{what}: transaction {tx_hash} failed on chain (status 0) and its replay "
+                              "did not revert; the state it depended on changed in between")

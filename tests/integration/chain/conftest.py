@@ -1,0 +1,136 @@
+"""Chain fixtures: one deployed Krill per backend (py-evm in process, a real Anvil), reset per test.
+
+Each backend is set up once per session (deploy, mint, approve, create a run); every test runs
+inside a devnet snapshot that is reverted afterwards, so tests are independent and fast. The
+Anvil node is started on a free port and stopped by PID by `AnvilProcess`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import pytest
+
+from krill.chain.anvil import AnvilProcess
+from krill.chain.client import KrillChain
+from krill.chain.deploy import TOKEN, Deployment, deploy
+from krill.chain.rpc import connect_http, connect_in_process, dev_accounts, mine, revert, snapshot
+from krill.chain.token import TokenClient
+from krill.chain.types import Role, RunParams
+
+MIN_WORKER = 100 * TOKEN
+MIN_VERIFIER = 50 * TOKEN
+UNBONDING = 20
+CHALLENGE_WINDOW = 10
+FUNDED = 10_000 * TOKEN
+POOL = 5_000 * TOKEN
+RUN_ID = hashlib.sha256(b"krill-test-run").digest()
+BASE_MANIFEST = hashlib.sha256(b"base manifest").digest()
+
+
+def digest(label: str) -> bytes:
+    """A deterministic 32-byte digest for test payloads."""
+    return hashlib.sha256(label.encode()).digest()
+
+
+def key_of(index: int) -> bytes:
+    """A stand-in Ed25519 public key for participant `index` (32 non-zero bytes)."""
+    return hashlib.sha256(f"ed25519-{index}".encode()).digest()
+
+
+@dataclass
+class ChainEnv:
+    """A deployed Krill on one backend, with named participants."""
+
+    backend: str
+    w3: object
+    deployment: Deployment
+    accounts: list
+    params: RunParams
+    clients: dict = field(default_factory=dict)
+
+    # Participant indexes into `accounts`.
+    ADMIN, COORDINATOR = 0, 1
+    WORKERS = (2, 3, 4)
+    VERIFIERS = (5, 6, 7)
+    OUTSIDER = 8
+
+    def at(self, index: int) -> KrillChain:
+        """The protocol client acting as account `index`."""
+        if index not in self.clients:
+            self.clients[index] = KrillChain(self.w3, self.deployment.protocol, self.accounts[index])
+        return self.clients[index]
+
+    def token(self, index: int) -> TokenClient:
+        return self.at(index).token
+
+    def addr(self, index: int) -> str:
+        return self.accounts[index].address
+
+    @property
+    def admin(self) -> KrillChain:
+        return self.at(self.ADMIN)
+
+    @property
+    def coordinator(self) -> KrillChain:
+        return self.at(self.COORDINATOR)
+
+    def stake_all(self) -> None:
+        for i in self.WORKERS:
+            self.at(i).stake(Role.WORKER, MIN_WORKER * 2, key_of(i))
+        for i in self.VERIFIERS:
+            self.at(i).stake(Role.VERIFIER, MIN_VERIFIER * 2, key_of(i))
+
+    def mine(self, blocks: int = 1) -> int:
+        return mine(self.w3, blocks)
+
+    def block(self) -> int:
+        return self.admin.block_number()
+
+
+def _setup(backend: str, w3) -> ChainEnv:
+    accounts = dev_accounts(10)
+    admin = accounts[ChainEnv.ADMIN]
+    deployment = deploy(w3, admin, minimum_worker_stake=MIN_WORKER, minimum_verifier_stake=MIN_VERIFIER,
+                        unbonding_blocks=UNBONDING)
+    params = RunParams(coordinator=accounts[ChainEnv.COORDINATOR].address, max_staleness=2, attestation_quorum=2,
+                       slash_fraction_bps=5_000, verifier_bounty_bps=2_000, check_probability_ppm=500_000,
+                       challenge_window_blocks=CHALLENGE_WINDOW, reward_per_version=1_000 * TOKEN)
+    env = ChainEnv(backend, w3, deployment, accounts, params)
+    for i in range(1, len(accounts)):
+        env.token(ChainEnv.ADMIN).mint(accounts[i].address, FUNDED)
+        env.token(i).approve(deployment.protocol, 2**256 - 1)
+    env.token(ChainEnv.ADMIN).mint(admin.address, FUNDED)
+    env.token(ChainEnv.ADMIN).approve(deployment.protocol, 2**256 - 1)
+    env.admin.create_run(RUN_ID, BASE_MANIFEST, params)
+    env.admin.fund_rewards(RUN_ID, POOL)
+    return env
+
+
+@pytest.fixture(scope="session", params=["py-evm", "anvil"])
+def chain_session(request):
+    if request.param == "py-evm":
+        yield _setup("py-evm", connect_in_process(accounts=10))
+        return
+    with AnvilProcess.start(accounts=10) as node:
+        yield _setup("anvil", connect_http(node.rpc_url))
+
+
+@pytest.fixture
+def env(chain_session: ChainEnv):
+    """The session's deployment, returned to its set-up state after the test."""
+    snap = snapshot(chain_session.w3)
+    chain_session.admin.reset_nonces()
+    try:
+        yield chain_session
+    finally:
+        revert(chain_session.w3, snap)
+        chain_session.admin.reset_nonces()
+
+
+@pytest.fixture
+def staked(env: ChainEnv) -> ChainEnv:
+    """`env` with every worker and verifier staked at twice its minimum."""
+    env.stake_all()
+    return env
