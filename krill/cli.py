@@ -24,6 +24,8 @@ CORE_COMMANDS: dict[str, str] = {
     "config": "krill.commands.config_cmd:config",
     "keys": "krill.commands.keys_cmd:keys",
     "devnet": "krill.commands.devnet_cmd:devnet",
+    "demo": "krill.commands.demo_cmd:demo",
+    "bench": "krill.commands.bench_cmd:bench",
 }
 ROLE_GROUP = "krill.commands"
 

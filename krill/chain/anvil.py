@@ -131,6 +131,12 @@ class AnvilProcess:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether `pid` runs; reaps it first if it is an exited child of ours (no zombie counts as alive)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

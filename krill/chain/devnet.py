@@ -1,0 +1,137 @@
+"""The persistent local devnet behind `krill devnet up|down|status`.
+
+Design decisions:
+- State lives in one directory ($KRILL_HOME/devnet): `devnet.json` (pid, port, chain id, contract
+  addresses, deploy block), `anvil.log`, and `config.toml`, a full Krill configuration pointing at
+  this devnet that later commands pick up by default.
+- A devnet is "running" only if its recorded PID is alive AND its RPC answers with the recorded
+  chain id; anything else is stale state, cleaned before a fresh start.
+- Provisioning: dev account 0 deploys and administers; every dev account gets `DEVNET_FUNDING`
+  stake tokens so participants can stake straight away.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from krill.chain.anvil import DEFAULT_CHAIN_ID, AnvilProcess, pid_alive, rpc_ready, stop_pid
+from krill.errors import DevnetError
+
+DEVNET_ACCOUNTS = 20
+DEVNET_FUNDING = 100_000 * 10**18
+
+
+@dataclass(frozen=True)
+class DevnetState:
+    pid: int
+    port: int
+    chain_id: int
+    protocol_address: str
+    token_address: str
+    deploy_block: int
+    config_path: str
+
+    @property
+    def rpc_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"rpc_url": self.rpc_url}
+
+
+def _state_file(state_dir: Path) -> Path:
+    return state_dir / "devnet.json"
+
+
+def read_state(state_dir: Path) -> DevnetState | None:
+    """The recorded devnet, or None when nothing is recorded."""
+    path = _state_file(state_dir)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data.pop("rpc_url", None)
+        return DevnetState(**data)
+    except (ValueError, TypeError) as exc:
+        raise DevnetError(f"devnet state {path} is damaged ({exc}); run `krill devnet down`") from None
+
+
+def is_running(state: DevnetState) -> bool:
+    return pid_alive(state.pid) and rpc_ready(state.rpc_url) == state.chain_id
+
+
+def provision(rpc_url: str, accounts: int = DEVNET_ACCOUNTS, funding: int = DEVNET_FUNDING):
+    """Deploy the contracts with dev account 0 and mint `funding` tokens to the dev accounts."""
+    from krill.chain.deploy import deploy, fund_accounts
+    from krill.chain.rpc import connect_http, dev_accounts
+
+    w3 = connect_http(rpc_url)
+    devs = dev_accounts(accounts)
+    deployment = deploy(w3, devs[0])
+    fund_accounts(w3, deployment, devs[0], [a.address for a in devs], funding)
+    return deployment
+
+
+def start_devnet(state_dir: Path, port: int = 8545) -> tuple[DevnetState, bool]:
+    """Start (or find running) the devnet; returns its state and whether it was started now."""
+    from krill.config import load_config, write_config
+
+    state = read_state(state_dir)
+    if state is not None:
+        if is_running(state):
+            return state, False
+        stop_devnet(state_dir)
+    if rpc_ready(f"http://127.0.0.1:{port}") is not None:
+        raise DevnetError(f"port {port} is already serving a chain not started by Krill; use --port")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    node = AnvilProcess.start(port, log_path=state_dir / "anvil.log", detach=True)
+    try:
+        deployment = provision(node.rpc_url)
+    except BaseException:
+        node.stop()
+        raise
+    config_path = state_dir / "config.toml"
+    config = load_config(None, [
+        f'chain.rpc_url="{node.rpc_url}"', f"chain.chain_id={deployment.chain_id}",
+        f'chain.protocol_address="{deployment.protocol}"', f'chain.token_address="{deployment.token}"',
+        f"chain.deploy_block={deployment.block_number}",
+    ], environ={})
+    write_config(config, config_path)
+    state = DevnetState(pid=node.pid, port=node.port, chain_id=DEFAULT_CHAIN_ID, protocol_address=deployment.protocol,
+                        token_address=deployment.token, deploy_block=deployment.block_number,
+                        config_path=str(config_path))
+    _state_file(state_dir).write_text(json.dumps(state.to_json(), indent=1), encoding="utf-8")
+    return state, True
+
+
+def stop_devnet(state_dir: Path) -> bool:
+    """Stop the recorded devnet (by PID) and remove its state; True if a node was stopped."""
+    state = read_state(state_dir)
+    stopped = False
+    if state is not None and pid_alive(state.pid):
+        if rpc_ready(state.rpc_url) is None and not _is_anvil(state.pid):
+            raise DevnetError(f"recorded devnet pid {state.pid} is no longer Anvil; remove {state_dir} by hand")
+        stop_pid(state.pid)
+        stopped = True
+    for name in ("devnet.json", "config.toml"):
+        (state_dir / name).unlink(missing_ok=True)
+    return stopped
+
+
+def _is_anvil(pid: int) -> bool:
+    try:
+        return "anvil" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def devnet_status(state_dir: Path) -> dict:
+    """Whether the devnet runs, with its addresses and latest block."""
+    state = read_state(state_dir)
+    if state is None or not is_running(state):
+        return {"running": False}
+    from krill.chain.rpc import connect_http
+
+    return {"running": True, **state.to_json(), "block_number": connect_http(state.rpc_url).eth.block_number}

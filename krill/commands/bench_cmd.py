@@ -1,0 +1,21 @@
+"""`krill bench ...`: benchmarks that print figures (tables, or JSON with --json).
+
+Each benchmark lives in its own module and loads only when run; every benchmark states the machine
+it ran on (see `krill.bench_env.machine_facts`).
+"""
+
+from __future__ import annotations
+
+import click
+
+from krill.cli import LazyGroup
+
+BENCHMARKS = {
+    "gas": "krill.commands.bench_gas:gas",
+    "store": "krill.commands.bench_store:store",
+}
+
+
+@click.group(cls=LazyGroup, lazy=BENCHMARKS)
+def bench() -> None:
+    """Measure Krill: gas per contract call, store and signature throughput, and more."""

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+
+from krill.config import KrillConfig, KuboStoreConfig, LocalStoreConfig, load_config, write_config
+from krill.errors import ConfigError
+
+
+def test_defaults_are_embedded_local():
+    cfg = load_config(None, environ={})
+    assert isinstance(cfg.store, LocalStoreConfig)
+    assert cfg.database.url.startswith("sqlite:///")
+
+
+def test_precedence_file_env_flag(tmp_path: Path):
+    path = tmp_path / "k.toml"
+    path.write_text('[chain]\nrpc_url = "http://file:1"\nretries = 2\n[run]\nid = "file-run"\n')
+    cfg = load_config(path, environ={})
+    assert (cfg.chain.rpc_url, cfg.chain.retries, cfg.run.id) == ("http://file:1", 2, "file-run")
+    cfg = load_config(path, environ={"KRILL_CHAIN__RETRIES": "7"})
+    assert cfg.chain.retries == 7 and cfg.chain.rpc_url == "http://file:1"
+    cfg = load_config(path, ["chain.retries=9", "run.id=flag-run"], environ={"KRILL_CHAIN__RETRIES": "7"})
+    assert (cfg.chain.retries, cfg.run.id) == (9, "flag-run")
+
+
+def test_store_union_selected_by_type():
+    cfg = load_config(None, ["store.type=kubo", "store.api_url=http://127.0.0.1:5001"], environ={})
+    assert isinstance(cfg.store, KuboStoreConfig)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("chain.retries=-1", "chain.retries"),
+    ("chain.protocol_address=0x1234", "chain.protocol_address"),
+    ("store.type=ftp", "store"),
+    ("run.id=has space", "run.id"),
+    ("chain.nonsense=1", "chain.nonsense"),
+])
+def test_invalid_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_config(None, [override], environ={})
+
+
+def test_bad_override_syntax_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config(None, ["noequals"], environ={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[chain\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad, environ={})
+
+
+def test_masked_hides_every_secret():
+    cfg = load_config(None, [
+        "chain.rpc_url=https://user:hunter2@rpc.example/v3?key=abcdef",
+        "database.url=postgresql+psycopg://krill:s3cret@db/krill",
+        "keystore.password=pa55",
+    ], environ={})
+    text = repr(cfg.masked())
+    for secret in ("hunter2", "abcdef", "s3cret", "pa55"):
+        assert secret not in text
+    assert cfg.keystore.password.get_secret_value() == "pa55"
+
+
+def test_write_then_load_round_trip(tmp_path):
+    cfg = load_config(None, ["chain.chain_id=31337", "keystore.password=pw", "run.id=r1"], environ={})
+    path = tmp_path / "out.toml"
+    write_config(cfg, path)
+    assert (path.stat().st_mode & 0o777) == 0o600
+    again = load_config(path, environ={})
+    assert again == cfg and isinstance(again, KrillConfig)

@@ -1,0 +1,67 @@
+import json
+import os
+
+import pytest
+from nacl.signing import VerifyKey
+
+from krill.errors import KeystoreError, WrongPasswordError
+from krill.keystore import KdfCost, create_keystore, list_keystores, resolve_keystore, unlock
+
+
+def test_create_unlock_sign(tmp_path):
+    info = create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    assert (os.stat(info.path).st_mode & 0o777) == 0o600
+    ident = unlock(info.path, "pw")
+    assert ident.address == info.address
+    sig = ident.signing_key.sign(b"digest").signature
+    VerifyKey(bytes.fromhex(info.ed25519_public_key)).verify(b"digest", sig)
+    doc = json.loads(info.path.read_text())
+    assert doc["ethereum"]["version"] == 3 and "pw" not in info.path.read_text()
+
+
+def test_wrong_password_is_clear(tmp_path):
+    info = create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    with pytest.raises(WrongPasswordError, match="wrong password"):
+        unlock(info.path, "nope")
+
+
+def test_import_known_private_key_and_seed(tmp_path):
+    key = bytes.fromhex("ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae784d7bf4f2ff80")
+    info = create_keystore("dev0", "pw", directory=tmp_path, private_key=key, ed25519_seed=b"\x01" * 32,
+                           cost=KdfCost.FAST)
+    assert info.address == "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266"
+    assert unlock(info.path, "pw").signing_key.encode() == b"\x01" * 32
+
+
+def test_refuses_overwrite_bad_names_and_empty_password(tmp_path):
+    create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    with pytest.raises(KeystoreError, match="already exists"):
+        create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    with pytest.raises(KeystoreError, match="key name"):
+        create_keystore("../evil", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    with pytest.raises(KeystoreError, match="empty password"):
+        create_keystore("w2", "", directory=tmp_path, cost=KdfCost.FAST)
+
+
+def test_tampered_public_fields_detected(tmp_path):
+    info = create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    doc = json.loads(info.path.read_text())
+    doc["ed25519_public_key"] = "00" * 32
+    info.path.write_text(json.dumps(doc))
+    with pytest.raises(KeystoreError, match="do not match"):
+        unlock(info.path, "pw")
+
+
+def test_resolve_and_list(tmp_path):
+    with pytest.raises(KeystoreError, match="no keystore"):
+        resolve_keystore(None, tmp_path)
+    a = create_keystore("a", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    assert resolve_keystore(None, tmp_path) == a.path
+    create_keystore("b", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    with pytest.raises(KeystoreError, match="2 keystores"):
+        resolve_keystore(None, tmp_path)
+    assert resolve_keystore("b", tmp_path).name == "b.json"
+    assert [i.name for i in list_keystores(tmp_path)] == ["a", "b"]
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(KeystoreError, match="not a Krill keystore"):
+        list_keystores(tmp_path)
