@@ -9,6 +9,11 @@ Design decisions:
   * `file_cid(data)`: the root CID of `ipfs add --cid-version 1 --raw-leaves`: one raw block when
     the content fits one 256 KiB chunk, else a UnixFS balanced DAG (see `krill.store.unixfs`).
 - CID and multihash encoding use the maintained `multiformats` package, not hand-rolled varints.
+- Speed: `multiformats` validates every argument at run time (about 1 ms per CID), which would
+  dominate header validation. The canonical form Krill writes (CIDv1, base32, sha2-256, raw or
+  dag-pb) is a fixed 4-byte prefix plus the digest in RFC 4648 base32, so that one form has a fast
+  path built from the standard library's base32; anything else (CIDv0, other bases) goes through
+  `multiformats`, and the tests check the two agree on every case.
 - Only sha2-256 CIDs with codec `raw` or `dag-pb` are accepted (`parse_cid`): those are the only
   ones Krill produces, and refusing the rest means a verifier never has to trust a hash function
   it did not choose. CIDv0 (`Qm...`) is accepted for reading because it is the same multihash.
@@ -16,10 +21,11 @@ Design decisions:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import BinaryIO
 
-from multiformats import CID, multihash
+from multiformats import CID
 
 from krill.errors import IntegrityError, StoreError
 
@@ -39,18 +45,42 @@ class InvalidCIDError(StoreError, ValueError):
     """A string is not a CID Krill accepts (malformed, wrong hash function or codec)."""
 
 
-def _cid(codec: str, digest: bytes) -> CID:
-    return CID("base32", 1, codec, multihash.wrap(digest, "sha2-256"))
+_PREFIX = {RAW: b"\x01\x55\x12\x20", DAG_PB: b"\x01\x70\x12\x20"}
+_CODEC_OF_PREFIX = {prefix: codec for codec, prefix in _PREFIX.items()}
+
+
+def cid_v1(codec: str, digest: bytes) -> str:
+    """Canonical CIDv1 string (base32, sha2-256) for a codec and a 32-byte digest (fast path)."""
+    return "b" + base64.b32encode(_PREFIX[codec] + digest).decode("ascii").lower().rstrip("=")
+
+
+def cid_v1_bytes(codec: str, digest: bytes) -> bytes:
+    """The binary form of the same CID, as dag-pb links carry it."""
+    return _PREFIX[codec] + digest
+
+
+def cid_parts(cid: str) -> tuple[str, bytes]:
+    """(codec, sha256 digest) of an accepted CID string; canonical CIDv1 strings take the fast path."""
+    if isinstance(cid, str) and len(cid) == 59 and cid[0] == "b":
+        try:
+            raw = base64.b32decode(cid[1:].upper() + "======")
+        except ValueError:
+            raw = b""
+        codec = _CODEC_OF_PREFIX.get(raw[:4])
+        if codec is not None and len(raw) == 36 and cid_v1(codec, raw[4:]) == cid:
+            return codec, raw[4:]
+    parsed = parse_cid(cid)
+    return parsed.codec.name, bytes(parsed.raw_digest)
 
 
 def raw_block_cid(data: bytes) -> str:
     """CIDv1 (raw, sha2-256, base32) of one block: what `ipfs block put --cid-codec raw` returns."""
-    return str(_cid(RAW, hashlib.sha256(data).digest()))
+    return cid_v1(RAW, hashlib.sha256(data).digest())
 
 
 def dag_pb_cid(block: bytes) -> str:
     """CIDv1 (dag-pb, sha2-256, base32) of an encoded dag-pb node."""
-    return str(_cid(DAG_PB, hashlib.sha256(block).digest()))
+    return cid_v1(DAG_PB, hashlib.sha256(block).digest())
 
 
 def digest_to_cid(sha256_digest: bytes) -> str:
@@ -58,7 +88,7 @@ def digest_to_cid(sha256_digest: bytes) -> str:
     if not isinstance(sha256_digest, bytes | bytearray) or len(sha256_digest) != 32:
         raise InvalidCIDError(f"a sha256 digest is 32 bytes, got {type(sha256_digest).__name__} "
                               f"of length {len(sha256_digest) if hasattr(sha256_digest, '__len__') else '?'}")
-    return str(_cid(RAW, bytes(sha256_digest)))
+    return cid_v1(RAW, bytes(sha256_digest))
 
 
 def parse_cid(cid: str | CID) -> CID:
@@ -81,28 +111,27 @@ def parse_cid(cid: str | CID) -> CID:
 
 def normalize_cid(cid: str | CID) -> str:
     """The canonical CIDv1 base32 string for `cid` (CIDv0 `Qm...` becomes its `bafy...` twin)."""
-    parsed = parse_cid(cid)
-    return str(_cid(parsed.codec.name, bytes(parsed.raw_digest)))
+    codec, digest = cid_parts(cid) if isinstance(cid, str) else (parse_cid(cid).codec.name, bytes(cid.raw_digest))
+    return cid_v1(codec, digest)
 
 
 def cid_codec(cid: str | CID) -> str:
     """'raw' or 'dag-pb'."""
-    return parse_cid(cid).codec.name
+    return cid_parts(normalize_cid(cid))[0]
 
 
 def cid_to_digest(cid: str | CID) -> bytes:
     """The sha256 digest inside a raw-block CID (inverse of `digest_to_cid`)."""
-    parsed = parse_cid(cid)
-    if parsed.codec.name != RAW:
-        raise InvalidCIDError(f"CID {cid} is a {parsed.codec.name} node, not a raw block: it names no "
+    codec, digest = cid_parts(normalize_cid(cid))
+    if codec != RAW:
+        raise InvalidCIDError(f"CID {cid} is a {codec} node, not a raw block: it names no "
                               "single sha256 of content")
-    return bytes(parsed.raw_digest)
+    return digest
 
 
 def verify_block(cid: str | CID, block: bytes) -> None:
     """Raise `IntegrityError` unless `block` hashes to `cid` (any accepted codec)."""
-    parsed = parse_cid(cid)
-    if hashlib.sha256(block).digest() != bytes(parsed.raw_digest):
+    if hashlib.sha256(block).digest() != cid_parts(normalize_cid(cid))[1]:
         raise IntegrityError(f"block of {len(block)} bytes does not hash to {cid}")
 
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from krill.errors import ContentNotFoundError, StoreError, StoreUnavailableError
 from krill.store.base import BlockBackedStore, ObjectTooLargeError
-from krill.store.cid import normalize_cid, parse_cid
+from krill.store.cid import cid_parts, normalize_cid
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,8 @@ def _string(pointer: Any) -> str:
 
 def flatfs_key(cid: str) -> str:
     """Kubo's datastore key for a block: the base32 (upper, unpadded) multihash, as in `CIQ...`."""
-    return base64.b32encode(bytes(parse_cid(cid).digest)).decode("ascii").rstrip("=")
+    digest = cid_parts(normalize_cid(cid))[1]
+    return base64.b32encode(b"\x12\x20" + digest).decode("ascii").rstrip("=")
 
 
 class EmbeddedKuboStore(BlockBackedStore):

@@ -26,7 +26,7 @@ import httpx
 
 from krill.errors import ContentNotFoundError, IntegrityError, StoreError, StoreUnavailableError
 from krill.store.base import Content, ContentStore, ObjectTooLargeError, _open_content
-from krill.store.cid import RAW, file_cid, normalize_cid, parse_cid, raw_block_cid
+from krill.store.cid import RAW, cid_parts, file_cid, normalize_cid, raw_block_cid
 
 _NOT_FOUND_MARKERS = ("not found", "no link named", "context deadline exceeded", "could not find")
 
@@ -117,9 +117,8 @@ class KuboStore(ContentStore):
         return bytes(out)
 
     def _get(self, cid: str, limit: int) -> bytes:
-        parsed = parse_cid(cid)
         timeout = f"{int(self.timeout_s * 1000)}ms"
-        if parsed.codec.name == RAW:
+        if cid_parts(cid)[0] == RAW:
             data = self._stream("block/get", {"arg": cid, "timeout": timeout}, limit)
             if raw_block_cid(data) != cid:
                 raise IntegrityError(f"Kubo returned {len(data)} bytes for {cid} that do not hash to it")

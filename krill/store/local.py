@@ -26,7 +26,7 @@ from pathlib import Path
 
 from krill.errors import ContentNotFoundError, IntegrityError, StoreError
 from krill.store.base import BlockBackedStore
-from krill.store.cid import DAG_PB, normalize_cid, parse_cid
+from krill.store.cid import DAG_PB, cid_parts, normalize_cid
 from krill.store.unixfs import BlockMismatchError, decode_dag_pb
 
 
@@ -128,12 +128,12 @@ class LocalStore(BlockBackedStore):
             if current in keep:
                 continue
             keep.add(current)
-            if parse_cid(current).codec.name == DAG_PB:
+            if cid_parts(current)[0] == DAG_PB:
                 try:
                     links, _ = decode_dag_pb(self._read_block(current))
                 except (ContentNotFoundError, IntegrityError):
                     continue
-                stack.extend(normalize_cid(link.cid) for link in links)
+                stack.extend(link.cid for link in links)
 
     def close(self) -> None:
         """Nothing to release: every operation opens and closes its own files."""

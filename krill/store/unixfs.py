@@ -25,7 +25,18 @@ from typing import BinaryIO
 from multiformats import CID, multihash
 
 from krill.errors import IntegrityError, StoreError
-from krill.store.cid import CHUNK_SIZE, DAG_PB, MAX_BLOCK_SIZE, MAX_LINKS, RAW, parse_cid
+from krill.store.cid import (
+    _CODEC_OF_PREFIX,
+    CHUNK_SIZE,
+    DAG_PB,
+    MAX_BLOCK_SIZE,
+    MAX_LINKS,
+    RAW,
+    cid_parts,
+    cid_v1,
+    cid_v1_bytes,
+    normalize_cid,
+)
 
 UNIXFS_RAW = 0
 UNIXFS_FILE = 2
@@ -51,9 +62,16 @@ class MalformedBlockError(IntegrityError):
 
 @dataclass(frozen=True)
 class Link:
-    cid: CID
+    cid_bytes: bytes  # binary CID as the link carries it (CIDv1, or a bare multihash for CIDv0)
     name: str
     tsize: int
+
+    @property
+    def cid(self) -> str:
+        """The canonical CIDv1 string of the linked block."""
+        if self.cid_bytes[:2] == b"\x12\x20":
+            return cid_v1(DAG_PB, self.cid_bytes[2:])
+        return cid_v1(_CODEC_OF_PREFIX[self.cid_bytes[:4]], self.cid_bytes[4:])
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,7 @@ def encode_dag_pb(links: list[Link], data: bytes | None) -> bytes:
     """A dag-pb PBNode: every link (Hash, Name, Tsize) first, then Data, as go-codec-dagpb writes it."""
     out = bytearray()
     for link in links:
-        body = _bytes_field(0x0A, bytes(link.cid)) + _bytes_field(0x12, link.name.encode()) + b"\x18" + _varint(link.tsize)
+        body = _bytes_field(0x0A, link.cid_bytes) + _bytes_field(0x12, link.name.encode()) + b"\x18" + _varint(link.tsize)
         out += _bytes_field(0x12, body)
     if data is not None:
         out += _bytes_field(0x0A, data)
@@ -159,12 +177,11 @@ def _decode_link(buf: bytes) -> Link:
     cid = name = tsize = None
     for number, wire, value in _fields(buf):
         if number == 1 and wire == 2 and cid is None:
-            try:
-                cid = parse_cid(CID.decode(bytes(value)))
-                if cid.version == 1:  # binary CIDs carry no base; print them as Kubo does
-                    cid = cid.set(base="base32")
-            except Exception as exc:
-                raise MalformedBlockError(f"dag-pb link hash is not an accepted CID: {exc}") from None
+            value = bytes(value)
+            if not ((len(value) == 34 and value[:2] == b"\x12\x20")
+                    or (len(value) == 36 and value[:4] in _CODEC_OF_PREFIX)):
+                raise MalformedBlockError("dag-pb link hash is not a sha2-256 CID (raw or dag-pb)")
+            cid = value
         elif number == 2 and wire == 2 and name is None:
             try:
                 name = bytes(value).decode("utf-8")
@@ -236,16 +253,17 @@ def _chunks(data: bytes | BinaryIO) -> Iterator[bytes]:
             return
 
 
-def _cid_for(codec: str, block: bytes, version: int) -> CID:
-    mh = multihash.wrap(hashlib.sha256(block).digest(), "sha2-256")
+def _cid_for(codec: str, block: bytes, version: int) -> tuple[bytes, str]:
+    """(binary CID for links, CID string) of a block."""
+    digest = hashlib.sha256(block).digest()
     if version == 0:
-        return CID("base58btc", 0, DAG_PB, mh)
-    return CID("base32", 1, codec, mh)
+        return b"\x12\x20" + digest, str(CID("base58btc", 0, DAG_PB, multihash.wrap(digest, "sha2-256")))
+    return cid_v1_bytes(codec, digest), cid_v1(codec, digest)
 
 
 @dataclass(frozen=True)
 class _Child:
-    cid: CID
+    cid: tuple[bytes, str]
     tsize: int      # bytes of every block under this child, as dag-pb link Tsize counts them
     filesize: int   # bytes of file content under this child
 
@@ -260,7 +278,7 @@ def _leaf(chunk: bytes, version: int) -> tuple[_Child, bytes]:
 def _internal(children: list[_Child], version: int) -> tuple[_Child, bytes]:
     filesize = sum(c.filesize for c in children)
     data = encode_unixfs(UNIXFS_FILE, None, filesize, [c.filesize for c in children])
-    block = encode_dag_pb([Link(c.cid, "", c.tsize) for c in children], data)
+    block = encode_dag_pb([Link(c.cid[0], "", c.tsize) for c in children], data)
     tsize = len(block) + sum(c.tsize for c in children)
     return _Child(_cid_for(DAG_PB, block, version), tsize, filesize), block
 
@@ -275,12 +293,12 @@ def build_file_dag(data: bytes | BinaryIO, cid_version: int = 1) -> Iterator[tup
     levels: list[list[_Child]] = [[]]
     for chunk in _chunks(data):
         child, block = _leaf(chunk, cid_version)
-        yield str(child.cid), block
+        yield child.cid[1], block
         levels[0].append(child)
         level = 0
         while len(levels[level]) == MAX_LINKS:  # a full node is final whatever follows
             node, block = _internal(levels[level], cid_version)
-            yield str(node.cid), block
+            yield node.cid[1], block
             levels[level] = []
             if level + 1 == len(levels):
                 levels.append([])
@@ -294,7 +312,7 @@ def build_file_dag(data: bytes | BinaryIO, cid_version: int = 1) -> Iterator[tup
         if len(pending) == 1 and not above:
             return  # the lone node at the top is the root, already yielded
         node, block = _internal(pending, cid_version)
-        yield str(node.cid), block
+        yield node.cid[1], block
         if level + 1 == len(levels):
             levels.append([])
         levels[level + 1].append(node)
@@ -305,28 +323,25 @@ def build_file_dag(data: bytes | BinaryIO, cid_version: int = 1) -> Iterator[tup
 
 def iter_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> Iterator[bytes]:
     """Yield the content of the file `cid` in order, verifying every block and every size."""
-    root = parse_cid(cid)
-    yield from _walk(get_block, root, max_bytes, expected_size=None, depth=0)
+    yield from _walk(get_block, normalize_cid(cid), max_bytes, expected_size=None, depth=0)
 
 
-def _fetch(get_block: Callable[[str], bytes], cid: CID, limit: int) -> bytes:
-    block = get_block(str(cid))
+def _fetch(get_block: Callable[[str], bytes], cid: str, limit: int) -> bytes:
+    block = get_block(cid)
     if len(block) > limit:
         raise ObjectTooLargeError(f"block {cid} is {len(block)} bytes, over the limit of {limit}")
-    if hashlib.sha256(block).digest() != bytes(cid.raw_digest):
-        raise BlockMismatchError(f"block of {len(block)} bytes does not hash to {cid}", str(cid))
+    if hashlib.sha256(block).digest() != cid_parts(cid)[1]:
+        raise BlockMismatchError(f"block of {len(block)} bytes does not hash to {cid}", cid)
     return block
 
 
-def _walk(get_block, cid: CID, max_bytes: int, expected_size: int | None, depth: int) -> Iterator[bytes]:
+def _walk(get_block, cid: str, max_bytes: int, expected_size: int | None, depth: int) -> Iterator[bytes]:
     if depth > MAX_DEPTH:
         raise MalformedBlockError(f"DAG under {cid} is deeper than {MAX_DEPTH} levels")
-    if cid.codec.name == RAW:
+    if cid_parts(cid)[0] == RAW:
         block = _fetch(get_block, cid, min(max_bytes, MAX_BLOCK_SIZE * 2))
         if expected_size is not None and len(block) != expected_size:
             raise MalformedBlockError(f"leaf {cid} holds {len(block)} bytes, its parent says {expected_size}")
-        if len(block) > max_bytes:
-            raise ObjectTooLargeError(f"object {cid} is {len(block)} bytes, over the limit of {max_bytes}")
         yield block
         return
     block = _fetch(get_block, cid, MAX_BLOCK_SIZE * 2)

@@ -101,7 +101,7 @@ def test_streaming_grouping_equals_kubo_top_down_layout(monkeypatch):
                 if cid.startswith("bafk"):
                     return int.from_bytes(block, "big")
                 links, _ = decode_dag_pb(block)
-                return [shape(str(link.cid)) for link in links]
+                return [shape(link.cid) for link in links]
 
             assert shape(root) == _top_down(list(range(n_leaves)), max_links), (max_links, n_leaves)
 
@@ -125,3 +125,20 @@ def test_parse_rejects_foreign_cids():
     with pytest.raises(InvalidCIDError):
         parse_cid("bafkqac3imvwgy3zao5xxe3de")
     assert normalize_cid(HELLO_V0).startswith("bafybei")
+
+
+def test_fast_path_agrees_with_multiformats():
+    from multiformats import CID, multihash
+
+    from krill.store.cid import cid_parts, cid_v1
+
+    rng = random.Random(5)
+    for _ in range(200):
+        digest = rng.randbytes(32)
+        for codec in ("raw", "dag-pb"):
+            reference = str(CID("base32", 1, codec, multihash.wrap(digest, "sha2-256")))
+            assert cid_v1(codec, digest) == reference
+            assert cid_parts(reference) == (codec, digest)
+            assert normalize_cid(str(CID("base58btc", 1, codec, multihash.wrap(digest, "sha2-256")))) == reference
+    # a non-canonical spelling (upper case) is not taken by the fast path, and still parses
+    assert normalize_cid(HELLO_V1.upper().replace("B", "b", 1)) == HELLO_V1

@@ -73,9 +73,9 @@ def test_forged_root_is_rejected(store):
     from krill.store.unixfs import Link, encode_dag_pb, encode_unixfs
 
     leaf = store.put_block(b"abc")
-    from krill.store.cid import dag_pb_cid, parse_cid
+    from krill.store.cid import RAW, cid_parts, cid_v1_bytes, dag_pb_cid
 
-    node = encode_dag_pb([Link(parse_cid(leaf), "", 3)], encode_unixfs(2, None, 4, [4]))
+    node = encode_dag_pb([Link(cid_v1_bytes(RAW, cid_parts(leaf)[1]), "", 3)], encode_unixfs(2, None, 4, [4]))
     root = dag_pb_cid(node)
     store._write_block(root, node)
     with pytest.raises(IntegrityError):

@@ -1,0 +1,99 @@
+"""Canonical JSON: one byte string per value, identical on every machine and Python version.
+
+Design decisions:
+- Sorted keys, no whitespace (`,` and `:`), UTF-8 (not `\\u` escapes for non-ASCII), no floats at
+  all: exact quantities (temperatures, probabilities) travel as integer milli-units, so no float
+  formatting difference between platforms can change a digest. Allowed values: objects with
+  string keys, arrays, strings, integers within +-2**64, booleans and null.
+- Decoding is strict and bounded: input over the cap is refused before parsing, duplicate keys,
+  floats, NaN/Infinity and deep nesting are refused, and the input must re-encode to exactly the
+  same bytes (`NonCanonicalError` otherwise), so a signed header has exactly one digest.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from krill.payload.errors import (
+    MalformedPayloadError,
+    NonCanonicalError,
+    PayloadTooLargeError,
+    SchemaError,
+    refield,
+)
+
+MAX_DEPTH = 16
+INT_BOUND = 1 << 64
+
+
+def _check(value: Any, path: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise SchemaError(f"nested deeper than {MAX_DEPTH} levels", field=path)
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if not -INT_BOUND < value < INT_BOUND:
+            raise SchemaError("integer out of the range +-2**64", field=path)
+        return
+    if isinstance(value, float):
+        raise SchemaError("floats are not allowed in canonical JSON; use integer milli-units", field=path)
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]", depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SchemaError(f"object key {key!r} is not a string", field=path)
+            _check(item, f"{path}.{key}" if path else key, depth + 1)
+        return
+    raise SchemaError(f"{type(value).__name__} cannot be encoded", field=path)
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical encoding of `value`."""
+    _check(value, "", 0)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def _no_float(text: str) -> Any:
+    raise SchemaError(f"float {text[:20]} is not allowed; use integer milli-units")
+
+
+def _no_constant(text: str) -> Any:
+    raise SchemaError(f"{text} is not allowed")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise SchemaError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def parse_canonical(data: bytes, max_bytes: int, field: str = "json") -> Any:
+    """Decode canonical JSON of at most `max_bytes`; refuse anything not in canonical form."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MalformedPayloadError(f"expected bytes, got {type(data).__name__}", field=field)
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise PayloadTooLargeError(f"{len(data)} bytes, over the cap of {max_bytes}", field=field)
+    try:
+        text = data.decode("utf-8", errors="strict")
+        value = json.loads(text, parse_float=_no_float, parse_constant=_no_constant, object_pairs_hook=_pairs)
+    except SchemaError as exc:
+        raise refield(exc, field) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MalformedPayloadError(f"not valid JSON: {str(exc)[:120]}", field=field) from None
+    try:
+        again = canonical_json(value)
+    except SchemaError as exc:
+        raise refield(exc, field) from None
+    if again != data:
+        raise NonCanonicalError("not in canonical form (sorted keys, no spaces, UTF-8, no escapes "
+                                "beyond what JSON requires)", field=field)
+    return value

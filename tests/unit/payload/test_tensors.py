@@ -1,0 +1,141 @@
+"""Rollouts and gradient shards: round trips, codecs, and every validation failure by name."""
+
+import numpy as np
+import pytest
+from payload_samples import GRAD_LENGTHS, LIMITS, VOCAB, make_gradients, make_rollouts
+
+from krill.payload import GradientShard, RolloutBatch, decode_gradient_shard, decode_rollouts
+from krill.payload.errors import (
+    ContextMismatchError,
+    DtypeError,
+    MalformedPayloadError,
+    NonFiniteError,
+    OffsetsError,
+    PayloadTooLargeError,
+    SchemaError,
+    ShapeError,
+    UnsupportedVersionError,
+    ValueRangeError,
+)
+from krill.payload.tensors import encode_safetensors, parse_safetensors
+
+
+def test_rollouts_round_trip_and_library_compatibility():
+    batch = make_rollouts(np.random.default_rng(1))
+    data = batch.encode(LIMITS)
+    assert decode_rollouts(data, LIMITS) == batch
+    assert batch.encode(LIMITS) == data  # deterministic bytes
+    from safetensors.numpy import load
+
+    loaded = load(data)
+    assert np.array_equal(loaded["token_ids"], batch.token_ids)
+    prompt, completion, lps = batch.sequence(2)
+    assert len(prompt) == 4 and len(completion) == 5 and (lps <= 0).all()
+
+
+def _with(batch: RolloutBatch, **changes) -> RolloutBatch:
+    fields = {n: getattr(batch, n) for n in ("token_ids", "offsets", "prompt_lengths", "logprobs", "rewards", "group_ids")}
+    return RolloutBatch(**{**fields, **changes})
+
+
+def _raw(batch: RolloutBatch) -> bytes:
+    """Encode without the encoder's validation, as a hostile worker would."""
+    from krill.payload.rollout import _DTYPES, FORMAT, VERSION
+
+    return encode_safetensors({n: (d, getattr(batch, n)) for n, d in _DTYPES.items()},
+                              {"format": FORMAT, "version": VERSION})
+
+
+@pytest.mark.parametrize("mutate,error,field", [
+    (lambda b: {"token_ids": np.where(np.arange(b.n_tokens) == 3, VOCAB, b.token_ids).astype(np.int32)},
+     ValueRangeError, "rollouts.token_ids"),
+    (lambda b: {"token_ids": np.where(np.arange(b.n_tokens) == 3, -1, b.token_ids).astype(np.int32)},
+     ValueRangeError, "rollouts.token_ids"),
+    (lambda b: {"logprobs": np.where(np.arange(b.n_tokens) == 6, np.nan, b.logprobs).astype(np.float32)},
+     NonFiniteError, "rollouts.logprobs"),
+    (lambda b: {"rewards": np.full(b.n_sequences, np.inf, np.float32)}, NonFiniteError, "rollouts.rewards"),
+    (lambda b: {"logprobs": np.where(np.arange(b.n_tokens) == 6, 0.5, b.logprobs).astype(np.float32)},
+     ValueRangeError, "rollouts.logprobs"),
+    (lambda b: {"logprobs": np.where(np.arange(b.n_tokens) == 0, -0.5, b.logprobs).astype(np.float32)},
+     ValueRangeError, "rollouts.logprobs"),
+    (lambda b: {"offsets": (b.offsets + np.eye(len(b.offsets), dtype=np.int64)[0])}, OffsetsError, "rollouts.offsets"),
+    (lambda b: {"offsets": b.offsets[::-1].copy()}, OffsetsError, "rollouts.offsets"),
+    (lambda b: {"offsets": b.offsets[:-1].copy()}, ShapeError, "rollouts.offsets"),
+    (lambda b: {"prompt_lengths": np.full(b.n_sequences, 9, np.int32)}, OffsetsError, "rollouts.prompt_lengths"),
+    (lambda b: {"group_ids": np.full(b.n_sequences, -2, np.int32)}, ValueRangeError, "rollouts.group_ids"),
+    (lambda b: {"rewards": b.rewards[:-1].copy()}, ShapeError, "rollouts.prompt_lengths"),
+    (lambda b: {"rewards": np.full(b.n_sequences, 1e9, np.float32)}, ValueRangeError, "rollouts.rewards"),
+])
+def test_rollout_validation_names_the_field(mutate, error, field):
+    batch = make_rollouts(np.random.default_rng(2))
+    bad = _with(batch, **mutate(batch))
+    with pytest.raises(error) as info:
+        decode_rollouts(_raw(bad), LIMITS)
+    assert info.value.field == field, info.value
+    with pytest.raises(error):
+        bad.encode(LIMITS)  # the encoder refuses what peers would refuse
+
+
+def test_rollout_dtype_caps_and_version():
+    batch = make_rollouts(np.random.default_rng(3), n=16)
+    from krill.payload.rollout import _DTYPES
+
+    tensors = {n: (d, getattr(batch, n)) for n, d in _DTYPES.items()}
+    wrong = dict(tensors, token_ids=("I64", batch.token_ids.astype(np.int64)))
+    with pytest.raises(DtypeError, match="rollouts.token_ids"):
+        decode_rollouts(encode_safetensors(wrong, {"format": "krill-rollouts", "version": "1"}), LIMITS)
+    with pytest.raises(UnsupportedVersionError):
+        decode_rollouts(encode_safetensors(tensors, {"format": "krill-rollouts", "version": "2"}), LIMITS)
+    with pytest.raises(PayloadTooLargeError, match="sequences"):
+        decode_rollouts(batch.encode(LIMITS), LIMITS.model_copy(update={"max_sequences": 15}))
+    with pytest.raises(PayloadTooLargeError):
+        decode_rollouts(batch.encode(LIMITS), LIMITS.model_copy(update={"max_rollout_bytes": 1024}))
+
+
+@pytest.mark.parametrize("codec,tolerance", [("fp32", 0), ("fp16", 1e-3), ("bf16", 8e-3), ("int8-block", 1e-2)])
+def test_gradient_codecs_round_trip(codec, tolerance):
+    rng = np.random.default_rng(4)
+    for grad in make_gradients(rng, codec):
+        data = grad.encode()
+        decoded = decode_gradient_shard(data, GRAD_LENGTHS[grad.shard], LIMITS, grad.shard)
+        assert decoded.codec == codec
+        for name, values in grad.values.items():
+            scale = np.abs(values).max()
+            assert np.abs(decoded.values[name] - values).max() <= tolerance * scale + 1e-12, (codec, name)
+            assert decoded.values[name].dtype == np.float32
+
+
+def test_gradient_validation():
+    rng = np.random.default_rng(5)
+    grad = make_gradients(rng, "fp16")[1]
+    lengths = GRAD_LENGTHS[1]
+    data = grad.encode()
+    with pytest.raises(ContextMismatchError, match="shard"):
+        decode_gradient_shard(data, lengths, LIMITS, shard=0)
+    with pytest.raises(SchemaError, match="missing"):
+        decode_gradient_shard(data, {**lengths, "extra.weight": 3}, LIMITS, 1)
+    with pytest.raises(ShapeError, match="lm_head.weight"):
+        decode_gradient_shard(data, {**lengths, "lm_head.weight": 71}, LIMITS, 1)
+    with pytest.raises(SchemaError, match="codec"):
+        decode_gradient_shard(data, lengths, LIMITS, 1, codecs=("fp32",))
+    nan = GradientShard(1, "fp32", {**grad.values, "model.norm.weight": np.array([1, 2, np.nan, 4, 5], np.float32)})
+    with pytest.raises(NonFiniteError):
+        nan.encode()
+    meta = {"format": "krill-grad", "version": "1", "shard": "1", "codec": "fp32", "block_size": "256"}
+    tensors = {n: ("F32", v) for n, v in nan.values.items()}
+    with pytest.raises(NonFiniteError, match="grad-1.model.norm.weight"):
+        decode_gradient_shard(encode_safetensors(tensors, meta), lengths, LIMITS, 1)
+    with pytest.raises(NonFiniteError, match="fp16"):
+        GradientShard(1, "fp16", {"model.norm.weight": np.full(5, 1e6, np.float32)}).encode()
+
+
+def test_safetensors_framing_is_strict():
+    good = encode_safetensors({"a": ("F32", np.zeros(4, np.float32))}, {})
+    parse_safetensors(good, 1 << 20, 1 << 16, 8, "f")
+    with pytest.raises(MalformedPayloadError):
+        parse_safetensors(good + b"\0", 1 << 20, 1 << 16, 8, "f")  # trailing bytes
+    with pytest.raises(PayloadTooLargeError):
+        parse_safetensors((1 << 62).to_bytes(8, "little") + good[8:], 1 << 20, 1 << 16, 8, "f")
+    lying = good.replace(b'"shape":[4]', b'"shape":[5]')
+    with pytest.raises(ShapeError):
+        parse_safetensors(lying, 1 << 20, 1 << 16, 8, "f")
