@@ -3,8 +3,9 @@
 Design decisions:
 - Transactions are signed locally by a `LocalAccount` and sent raw, so any JSON-RPC node works
   (no unlocked node accounts).
-- Every write is first estimated: a revert surfaces there, before a nonce is spent, and is
-  raised as the Python class of its Solidity custom error. If a mined transaction still fails
+- Every write is first estimated against the pending block (on py-evm, whose estimator re-runs
+  the call a dozen times, a single call and a fixed limit instead): a revert surfaces there,
+  before a nonce is spent, and is raised as the Python class of its Solidity custom error. If a mined transaction still fails
   (state changed in between) it is replayed as a call against its block's parent to recover the
   error.
 - Nonces are tracked per sender by a `NonceBook` shared by all clients on the same chain
@@ -32,6 +33,7 @@ from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, is_in_proce
 from krill.errors import ChainError, ContractRevert
 
 E = TypeVar("E", bound=ChainEvent)
+IN_PROCESS_GAS_LIMIT = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,7 @@ class Transactor:
         self.gas_margin = gas_margin
         self.nonces = nonce_book(w3)
         self._endpoint = endpoint_of(w3)
-        # py-evm already estimates in the pending block and rejects the "pending" tag.
-        self._estimate_block = None if is_in_process(w3) else "pending"
+        self._in_process = is_in_process(w3)
 
     @property
     def address(self) -> str:
@@ -152,11 +153,11 @@ class Transactor:
     def _send(self, build, what: str) -> Receipt:
         sender = self.address
         # `gas` is given so web3 does not estimate on its own against "latest": we estimate against
-        # "pending", the block the transaction will land in (block.number-dependent checks agree).
+        # "pending", the block the transaction lands in, so block.number-dependent checks agree.
         tx = dict(build({"from": sender, "chainId": self._chain_id(), **self._fees(), "gas": 1}))
         probe = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
         try:
-            tx["gas"] = self._rpc(lambda: self.w3.eth.estimate_gas(probe, self._estimate_block), f"{what} (estimate)")
+            tx["gas"] = self._gas_limit(probe, what)
         except ContractRevert:
             raise
         except Exception as exc:
@@ -164,8 +165,11 @@ class Transactor:
             if revert is None:
                 raise
             raise revert from exc
-        tx["gas"] = int(tx["gas"] * self.gas_margin) + 10_000
         tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
+        return self._sign_send_wait(tx, what)
+
+    def _sign_send_wait(self, tx: dict, what: str) -> Receipt:
+        sender = tx["from"]
         try:
             signed = self.account.sign_transaction(tx)
             tx_hash = self._send_raw(signed.raw_transaction, what)
@@ -183,6 +187,22 @@ class Transactor:
             events=decode_receipt(self.w3, receipt),
             contract_address=receipt.get("contractAddress"),
         )
+
+    def _gas_limit(self, probe: dict, what: str) -> int:
+        if self._in_process:
+            # py-evm estimates by a binary search (a dozen executions); one call finds a revert just
+            # as well, and an in-process chain has no fee market to protect with a tight limit.
+            self._rpc(lambda: self.w3.eth.call(probe, "pending"), f"{what} (call)")
+            return IN_PROCESS_GAS_LIMIT
+        gas = self._rpc(lambda: self.w3.eth.estimate_gas(probe, "pending"), f"{what} (estimate)")
+        return int(gas * self.gas_margin) + 10_000
+
+    def send_value(self, to: str, wei: int) -> Receipt:
+        """Send plain ether (devnets: fund a fresh account's gas)."""
+        sender = self.address
+        tx = {"from": sender, "to": to, "value": wei, "gas": 21_000, "chainId": self._chain_id(), **self._fees(),
+              "nonce": self.nonces.take(self.w3, sender, self.retry)}
+        return self._sign_send_wait(tx, f"send {wei} wei")
 
     def _chain_id(self) -> int:
         if not hasattr(self, "_cached_chain_id"):

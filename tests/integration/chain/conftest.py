@@ -23,6 +23,7 @@ MIN_WORKER = 100 * TOKEN
 MIN_VERIFIER = 50 * TOKEN
 UNBONDING = 20
 CHALLENGE_WINDOW = 10
+ACCOUNTS = 10
 FUNDED = 10_000 * TOKEN
 POOL = 5_000 * TOKEN
 RUN_ID = hashlib.sha256(b"krill-test-run").digest()
@@ -90,7 +91,7 @@ class ChainEnv:
 
 
 def _setup(backend: str, w3) -> ChainEnv:
-    accounts = dev_accounts(10)
+    accounts = dev_accounts(ACCOUNTS)
     admin = accounts[ChainEnv.ADMIN]
     deployment = deploy(w3, admin, minimum_worker_stake=MIN_WORKER, minimum_verifier_stake=MIN_VERIFIER,
                         unbonding_blocks=UNBONDING)
@@ -98,7 +99,7 @@ def _setup(backend: str, w3) -> ChainEnv:
                        slash_fraction_bps=5_000, verifier_bounty_bps=2_000, check_probability_ppm=500_000,
                        challenge_window_blocks=CHALLENGE_WINDOW, reward_per_version=1_000 * TOKEN)
     env = ChainEnv(backend, w3, deployment, accounts, params)
-    for i in range(1, len(accounts)):
+    for i in range(1, 10):
         env.token(ChainEnv.ADMIN).mint(accounts[i].address, FUNDED)
         env.token(i).approve(deployment.protocol, 2**256 - 1)
     env.token(ChainEnv.ADMIN).mint(admin.address, FUNDED)
@@ -111,9 +112,9 @@ def _setup(backend: str, w3) -> ChainEnv:
 @pytest.fixture(scope="session", params=["py-evm", "anvil"])
 def chain_session(request):
     if request.param == "py-evm":
-        yield _setup("py-evm", connect_in_process(accounts=10))
+        yield _setup("py-evm", connect_in_process(accounts=ACCOUNTS))
         return
-    with AnvilProcess.start(accounts=10) as node:
+    with AnvilProcess.start(accounts=ACCOUNTS) as node:
         yield _setup("anvil", connect_http(node.rpc_url))
 
 
