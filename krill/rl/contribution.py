@@ -1,0 +1,76 @@
+"""One worker's contribution for one version: rollouts, rewards, per-shard compressed gradients.
+
+Design decisions:
+- The same function serves the local simulation and (later) the real worker: everything it
+  produces is a deterministic function of public inputs (run seed, worker address, behaviour
+  version, nonce, the weights of the behaviour and learner versions, the public masks), so a
+  verifier can recompute any part of it.
+- Prompts come from `krill.rl.assign` (no cherry-picking); each is sampled `group_size` times
+  by the rollout engine at the behaviour version with a sampling seed
+  H(run seed, worker, version, nonce); the gradient is taken by the learner at the newest
+  version it holds, and the loss's truncated importance weights correct the difference.
+- Rewards come from the task on the decoded completion (text before eos), advantages are
+  group-relative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from krill.rl.advantages import contiguous_groups, group_advantages
+from krill.rl.compression import CompressionConfig, compress
+from krill.rl.engine.base import RolloutEngine, Rollouts, SamplingParams
+from krill.rl.gradient import shard_gradients
+from krill.rl.loss import LossConfig
+
+
+def sampling_seed(run_seed: bytes, worker: str, version: int, nonce: int) -> int:
+    """The seed of a contribution's sampler: H(run seed, worker, version, nonce), 63 bits."""
+    data = b"krill/sampling-seed/v1" + run_seed + bytes.fromhex(worker.removeprefix("0x"))
+    data += int(version).to_bytes(8, "big") + int(nonce).to_bytes(8, "big")
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class Contribution:
+    worker: str
+    version: int  # behaviour version of the rollouts
+    nonce: int
+    prompt_indices: list[int]
+    rollouts: Rollouts
+    rewards: torch.Tensor
+    gradients: dict[int, bytes]  # shard -> compressed blob
+    loss: float
+    stats: dict[str, float]
+    sample_seconds: float
+    gradient_seconds: float
+
+
+def make_contribution(*, task, tokenizer, engine: RolloutEngine, learner: torch.nn.Module, run_seed: bytes,
+                      worker: str, nonce: int, prompt_indices: list[int], group_size: int,
+                      params: SamplingParams, loss_config: LossConfig, shards: dict[int, list[str]],
+                      masks: dict[str, torch.Tensor], compression: CompressionConfig) -> Contribution:
+    """Sample, reward, and compute compressed per-shard gradients for one worker."""
+    from krill.model.tokenizer import decode_completion
+
+    version = int(engine.version or 0)
+    problems = [task.prompt(i, "train") for i in prompt_indices]
+    prompt_ids = [tokenizer(text)["input_ids"] for text, _ in problems]
+    prompts = [ids for ids in prompt_ids for _ in range(group_size)]
+    started = time.perf_counter()
+    rollouts = engine.generate(prompts, params, seed=sampling_seed(run_seed, worker, version, nonce))
+    sample_seconds = time.perf_counter() - started
+    rewards = torch.tensor([task.reward(problems[i // group_size][1],
+                                        decode_completion(tokenizer, rollouts.completion(i)))
+                            for i in range(len(rollouts))], dtype=torch.float32)
+    advantages = group_advantages(rewards, contiguous_groups(len(rewards), group_size))
+    result = shard_gradients(learner, rollouts, advantages, shards, loss_config, pad_id=tokenizer.pad_token_id)
+    blobs = {shard: compress(grads, {n: masks[n] for n in grads}, compression)
+             for shard, grads in sorted(result.grads.items())}
+    return Contribution(worker=worker, version=version, nonce=nonce, prompt_indices=list(prompt_indices),
+                        rollouts=rollouts, rewards=rewards, gradients=blobs, loss=result.loss,
+                        stats=result.stats, sample_seconds=sample_seconds, gradient_seconds=result.seconds)

@@ -1,0 +1,88 @@
+"""Per-shard gradients of the policy loss.
+
+Design decisions:
+- One forward and one backward pass for all shards a worker trains: only the parameters of
+  those shards require grad during the pass (the rest are frozen, which saves their weight
+  gradients but still back-propagates through them), and the gradients are then split by
+  shard. Requires-grad flags are restored afterwards, so the model is left as found.
+- Sequences whose advantage is zero contribute nothing to the loss; they are skipped in the
+  pass, but the loss is still divided by all completion tokens of the batch, so the gradient
+  is exactly that of the full token-normalised loss.
+- Gradients are returned as fresh float32 tensors keyed by parameter name (the shard's own
+  names, as in the manifest), detached from the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from krill.errors import KrillError
+from krill.rl.batch import learner_batch, token_logprobs
+from krill.rl.engine.base import Rollouts
+from krill.rl.loss import LossConfig, policy_loss
+
+
+class GradientError(KrillError, ValueError):
+    """A gradient was asked for parameters the model does not have, or for mismatched inputs."""
+
+
+@dataclass(frozen=True)
+class GradientResult:
+    grads: dict[int, dict[str, torch.Tensor]]  # shard -> name -> gradient
+    loss: float
+    stats: dict[str, float]
+    seconds: float
+
+
+def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torch.Tensor,
+                    shards: dict[int, list[str]], config: LossConfig, pad_id: int,
+                    ref_model: torch.nn.Module | None = None) -> GradientResult:
+    """Gradient of the token-normalised policy loss on `rollouts`, for each shard's parameters."""
+    started = time.perf_counter()
+    if advantages.shape != (len(rollouts),):
+        raise GradientError(f"advantages: shape {tuple(advantages.shape)}, expected ({len(rollouts)},)")
+    params = dict(model.named_parameters())
+    wanted: dict[str, int] = {}
+    for shard, names in shards.items():
+        for name in names:
+            if name not in params:
+                raise GradientError(f"shards[{shard}]: model has no parameter {name!r}")
+            wanted[name] = shard
+    total_tokens = rollouts.num_completion_tokens
+    rows = torch.nonzero(advantages != 0).flatten()
+    grads: dict[int, dict[str, torch.Tensor]] = {s: {} for s in shards}
+    if len(rows) == 0:
+        for name, shard in wanted.items():
+            grads[shard][name] = torch.zeros_like(params[name], dtype=torch.float32)
+        return GradientResult(grads, 0.0, {"tokens": float(total_tokens), "active_sequences": 0.0},
+                              time.perf_counter() - started)
+
+    saved = {name: p.requires_grad for name, p in params.items()}
+    was_training = model.training
+    try:
+        for name, p in params.items():
+            p.requires_grad_(name in wanted)
+            p.grad = None
+        model.train(False)  # no dropout: the gradient must be a function of the inputs alone
+        batch = learner_batch(rollouts, pad_id, rows)
+        logp = token_logprobs(model, batch, config.temperature)
+        ref = None
+        if ref_model is not None and config.kl_coef > 0:
+            with torch.no_grad():
+                ref = token_logprobs(ref_model, batch, config.temperature)
+        loss, stats = policy_loss(logp, batch.behaviour, advantages[rows], batch.mask, config,
+                                  ref_logprobs=ref, num_tokens=total_tokens)
+        loss.backward()
+        for name, shard in wanted.items():
+            g = params[name].grad
+            grads[shard][name] = (torch.zeros_like(params[name]) if g is None else g.detach().clone()).float()
+    finally:
+        for name, p in params.items():
+            p.grad = None
+            p.requires_grad_(saved[name])
+        model.train(was_training)
+    stats = dict(stats, tokens=float(total_tokens), active_sequences=float(len(rows)))
+    return GradientResult(grads, float(loss.detach()), stats, time.perf_counter() - started)

@@ -1,0 +1,117 @@
+"""Per-shard AdamW over a dict of named tensors, with state as bytes.
+
+Design decisions:
+- The coordinator owns one optimizer per shard it serves; there is no `nn.Module`, only the
+  shard's named tensors, so the optimizer is a few explicit lines (decoupled weight decay,
+  bias-corrected moments, optional clipping of the shard's global gradient norm) rather than a
+  wrapped `torch.optim.AdamW` whose state layout is keyed by parameter objects.
+- Deterministic: names are processed in sorted order with fixed float32 ops on CPU, so a
+  version recomputed from its parent, the aggregate and this state is bit-identical.
+- `state_bytes()` / `load_state_bytes()` serialise moments and the step counter with
+  safetensors (the config is in the metadata and checked on load), so a coordinator restart or
+  an auditor resumes exactly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from krill.errors import KrillError
+
+
+class OptimizerError(KrillError, ValueError):
+    """Gradients or saved state that do not fit the shard's parameters."""
+
+
+class AdamWConfig(BaseModel):
+    """Hyper-parameters of the per-shard AdamW."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Learning rate.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="First-moment decay.")
+    beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Second-moment decay.")
+    eps: float = Field(1e-8, gt=0.0, le=1.0, description="Denominator epsilon.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="Decoupled weight decay.")
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip the shard's gradient norm to this (None: off).")
+
+
+class ShardAdamW:
+    """AdamW over named float tensors, updated in place."""
+
+    def __init__(self, params: dict[str, torch.Tensor], config: AdamWConfig):
+        self.params = params
+        self.config = config
+        self.step_count = 0
+        self.exp_avg = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+        self.exp_avg_sq = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, torch.Tensor]) -> float:
+        """Apply one update; returns the gradient norm before clipping."""
+        names = sorted(self.params)
+        if set(grads) != set(names):
+            raise OptimizerError(f"gradient names differ from the shard's: {sorted(set(grads) ^ set(names))[:3]}")
+        for n in names:
+            if grads[n].shape != self.params[n].shape:
+                raise OptimizerError(f"{n}: gradient shape {tuple(grads[n].shape)} != {tuple(self.params[n].shape)}")
+        sq = torch.zeros((), dtype=torch.float64)
+        for n in names:
+            sq = sq + grads[n].to(torch.float64).pow(2).sum()
+        norm = float(sq.sqrt())
+        c = self.config
+        scale = 1.0
+        if c.max_grad_norm is not None and norm > c.max_grad_norm:
+            scale = c.max_grad_norm / norm
+        self.step_count += 1
+        bias1 = 1.0 - c.beta1 ** self.step_count
+        bias2 = 1.0 - c.beta2 ** self.step_count
+        for n in names:
+            p = self.params[n]
+            g = grads[n].to(torch.float32) * scale
+            m, v = self.exp_avg[n], self.exp_avg_sq[n]
+            m.mul_(c.beta1).add_(g, alpha=1.0 - c.beta1)
+            v.mul_(c.beta2).addcmul_(g, g, value=1.0 - c.beta2)
+            if c.weight_decay:
+                p.mul_(1.0 - c.lr * c.weight_decay)
+            denom = (v / bias2).sqrt_().add_(c.eps)
+            p.addcdiv_(m, denom, value=-c.lr / bias1)
+        return norm
+
+    def momentum(self) -> dict[str, torch.Tensor]:
+        return self.exp_avg
+
+    def state_bytes(self) -> bytes:
+        tensors = {f"m/{n}": t.contiguous() for n, t in self.exp_avg.items()}
+        tensors.update({f"v/{n}": t.contiguous() for n, t in self.exp_avg_sq.items()})
+        meta = {"format": "krill-adamw/1", "step": str(self.step_count), "config": self.config.model_dump_json()}
+        return st_save(tensors, metadata=meta)
+
+    def load_state_bytes(self, blob: bytes) -> None:
+
+        tensors = st_load(blob)
+        meta = _metadata(blob)
+        if meta.get("format") != "krill-adamw/1":
+            raise OptimizerError("optimizer state: not a krill-adamw/1 blob")
+        if AdamWConfig.model_validate_json(meta["config"]) != self.config:
+            raise OptimizerError("optimizer state: saved with a different AdamW config")
+        names = set(self.params)
+        if {k[2:] for k in tensors} != names or len(tensors) != 2 * len(names):
+            raise OptimizerError("optimizer state: parameter names differ from the shard's")
+        for n in names:
+            for key, target in ((f"m/{n}", self.exp_avg), (f"v/{n}", self.exp_avg_sq)):
+                if tensors[key].shape != self.params[n].shape:
+                    raise OptimizerError(f"optimizer state: {key} has shape {tuple(tensors[key].shape)}")
+                target[n] = tensors[key].to(torch.float32).clone()
+        self.step_count = int(meta["step"])
+
+
+def _metadata(blob: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors blob (header: 8-byte little-endian length, then JSON)."""
+    size = int.from_bytes(blob[:8], "little")
+    return json.loads(blob[8:8 + size]).get("__metadata__", {})

@@ -1,0 +1,98 @@
+import enum
+
+import pytest
+import torch
+from pydantic import TypeAdapter
+
+from krill.rl.aggregate import (
+    AggregationError,
+    AggregationRule,
+    CenteredClipRule,
+    ClipMixTrimRule,
+    MeanRule,
+    MedianRule,
+    TrimmedMeanRule,
+    aggregate,
+)
+
+
+class Fault(enum.Enum):
+    SIGN_FLIP = "sign-flip"
+    SCALED = "scaled"
+    NOISE = "noise"
+    CONSTANT = "constant"
+
+
+def _updates(fault: Fault, n=10, byzantine=2, d=500, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    signal = torch.randn(d, generator=gen)
+    honest = signal + 0.5 * torch.randn(n - byzantine, d, generator=gen)
+    own = signal + 0.5 * torch.randn(byzantine, d, generator=gen)
+    bad = {
+        Fault.SIGN_FLIP: -4.0 * own,
+        Fault.SCALED: 50.0 * own,
+        Fault.NOISE: 30.0 * torch.randn(byzantine, d, generator=gen),
+        Fault.CONSTANT: torch.full((byzantine, d), -10.0),
+    }[fault]
+    return torch.cat([honest, bad]), honest.mean(0)
+
+
+def _rel_err(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("fault", list(Fault))
+def test_default_rule_stays_close_to_the_honest_mean_under_20_percent_attackers(fault):
+    x, honest_mean = _updates(fault)
+    w = torch.ones(len(x))
+    robust, stats = aggregate(x, w, ClipMixTrimRule())
+    plain, _ = aggregate(x, w, MeanRule())
+    assert _rel_err(robust, honest_mean) < 0.3
+    assert _rel_err(plain, honest_mean) > 1.0
+    assert stats.rule == "clip-mix-trim" and len(stats.trimmed_fractions) == len(x)
+    for rule in (TrimmedMeanRule(), MedianRule(), CenteredClipRule(iterations=5)):
+        assert _rel_err(aggregate(x, w, rule)[0], honest_mean) < 0.6, rule.type
+
+
+def test_trimmed_mean_by_hand_and_weighted():
+    x = torch.tensor([[1.0], [2.0], [3.0], [4.0], [100.0]])
+    out, stats = aggregate(x, torch.ones(5), TrimmedMeanRule(trim_fraction=0.2))
+    assert float(out) == pytest.approx(3.0)
+    assert stats.trimmed_fractions == [1.0, 0.0, 0.0, 0.0, 1.0]
+    # weights 1,1,1,1,4 (total 8): trim 1.6 at each end -> 1 loses all, 2 keeps 0.4, 100 keeps 2.4
+    out, stats = aggregate(x, torch.tensor([1.0, 1, 1, 1, 4]), TrimmedMeanRule(trim_fraction=0.2))
+    assert float(out) == pytest.approx((0.4 * 2 + 3 + 4 + 2.4 * 100) / 4.8)
+    assert stats.trimmed_fractions == pytest.approx([1.0, 0.6, 0.0, 0.0, 0.4])
+
+
+def test_weighted_mean_median_and_rules_from_config():
+    x = torch.tensor([[0.0, 10.0], [1.0, 20.0], [2.0, 30.0]])
+    w = torch.tensor([1.0, 1.0, 2.0])
+    assert aggregate(x, w, MeanRule())[0].tolist() == pytest.approx([1.25, 22.5])
+    assert aggregate(x, w, MedianRule())[0].tolist() == [1.0, 20.0]  # lower weighted median
+    adapter = TypeAdapter(AggregationRule)
+    rule = adapter.validate_python({"type": "trimmed-mean", "trim_fraction": 0.1})
+    assert isinstance(rule, TrimmedMeanRule) and rule.trim_fraction == 0.1
+    assert isinstance(adapter.validate_python({"type": "clip-mix-trim"}), ClipMixTrimRule)
+    with pytest.raises(ValueError):
+        adapter.validate_python({"type": "krum"})
+
+
+def test_deterministic_and_order_of_equal_submissions_irrelevant():
+    x, _ = _updates(Fault.SCALED, seed=3)
+    w = torch.linspace(0.5, 1.0, len(x))
+    a, _ = aggregate(x, w, ClipMixTrimRule())
+    b, _ = aggregate(x.clone(), w.clone(), ClipMixTrimRule())
+    assert torch.equal(a, b)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    c, _ = aggregate(x[perm], w[perm], TrimmedMeanRule())
+    assert torch.allclose(c, aggregate(x, w, TrimmedMeanRule())[0], atol=1e-6)
+
+
+def test_bad_inputs_rejected():
+    with pytest.raises(AggregationError, match="weights"):
+        aggregate(torch.zeros(3, 2), torch.zeros(3), MeanRule())
+    with pytest.raises(AggregationError, match="NaN"):
+        aggregate(torch.tensor([[float("nan")]]), torch.ones(1), MeanRule())
+    with pytest.raises(AggregationError, match="shape"):
+        aggregate(torch.zeros(3, 2), torch.ones(2), MeanRule())

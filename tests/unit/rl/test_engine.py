@@ -1,0 +1,66 @@
+import torch
+from rl_tiny import EOS, PAD, tiny_llama
+
+from krill.rl.engine import HFEngine, Rollouts, SamplingParams
+from krill.rl.engine.hf import top_p_filter
+
+PROMPTS = [[2, 5, 6, 7], [2, 8], [2, 9, 9, 9, 9, 3]] * 3
+
+
+def test_seeded_sampling_reproduces_exactly(model):
+    engine = HFEngine(model, eos_id=EOS, pad_id=PAD, version=0)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8)
+    a = engine.generate(PROMPTS, params, seed=11)
+    b = HFEngine(tiny_llama(), eos_id=EOS, pad_id=PAD).generate(PROMPTS, params, seed=11)
+    c = engine.generate(PROMPTS, params, seed=12)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_behaviour_logprobs_match_teacher_forcing_despite_left_padding(model):
+    engine = HFEngine(model, eos_id=EOS, pad_id=PAD, version=0)
+    r = engine.generate(PROMPTS, SamplingParams(temperature=0.7, max_new_tokens=8), seed=3)
+    replay = engine.logprobs(r, temperature=0.7)
+    assert r.num_completion_tokens > len(PROMPTS)
+    assert torch.allclose(replay, r.logprobs, atol=1e-5)
+    for i in range(len(r)):
+        assert r.sequence(i)[:len(PROMPTS[i])] == PROMPTS[i]
+        comp = r.completion(i)
+        assert bool(r.finished[i]) == (comp[-1] == EOS)
+        assert EOS not in comp[:-1]
+        assert (r.completion_logprobs(i) < 0).all()
+
+
+def test_greedy_is_argmax_of_teacher_forced_logits(model):
+    engine = HFEngine(model, eos_id=EOS, pad_id=PAD)
+    r = engine.generate([[2, 5, 6]], SamplingParams(temperature=0.0, max_new_tokens=5), seed=0)
+    seq = [2, 5, 6]
+    for _ in r.completion(0):
+        logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
+        seq.append(int(torch.argmax(logits)))
+    assert r.sequence(0) == seq[:len(r.sequence(0))]
+
+
+def test_load_state_dict_switches_version_and_weights(model):
+    engine = HFEngine(model, eos_id=EOS, pad_id=PAD, version=0)
+    other = tiny_llama(seed=5)
+    engine.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, version=7)
+    assert engine.version == 7
+    p = SamplingParams(max_new_tokens=6)
+    assert torch.equal(engine.generate(PROMPTS, p, 1).tokens,
+                       HFEngine(other, eos_id=EOS, pad_id=PAD).generate(PROMPTS, p, 1).tokens)
+
+
+def test_top_p_keeps_smallest_prefix_with_enough_mass():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    assert torch.allclose(top_p_filter(probs, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
+    assert torch.allclose(top_p_filter(probs, 0.4), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_rollouts_flat_layout_round_trip():
+    r = Rollouts.from_lists([[2, 3], [2]], [[4, 1], [5, 6]], [[-0.5, -0.25], [-1.0, -2.0]], [True, False])
+    assert r.offsets.tolist() == [0, 4, 7]
+    assert r.completion(1) == [5, 6] and r.completion_lengths().tolist() == [2, 2]
+    assert r.logprobs.tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, -1.0, -2.0]
+    both = Rollouts.concat([r, r])
+    assert both.offsets.tolist() == [0, 4, 7, 11, 14] and both.sequence(3) == [2, 5, 6]
