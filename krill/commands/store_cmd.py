@@ -1,0 +1,85 @@
+"""`krill store add|put-block|get|cat|pin|unpin`: the configured content store, for people.
+
+Design decisions:
+- A thin layer over `open_store(config.store)`, so what a person sees is exactly what the roles
+  get: the same CIDs (Kubo's `--cid-version 1 --raw-leaves`) and the same verification on read.
+- Output goes to stdout (`cat`) or a file (`get -o`); `get` refuses to print binary to a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from krill.commands.context import current_config
+
+
+def _store():
+    from krill.store.base import open_store
+
+    return open_store(current_config().store)
+
+
+@click.group("store")
+def store() -> None:
+    """Add and fetch content in the configured content store (verified by CID)."""
+
+
+@store.command("add")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--pin", is_flag=True, help="Pin the content after adding it.")
+def add(path: Path, pin: bool) -> None:
+    """Add a file; print its CID (identical to `ipfs add --cid-version 1 --raw-leaves`)."""
+    with _store() as s:
+        click.echo(s.add(path, pin=pin))
+
+
+@store.command("put-block")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def put_block(path: Path) -> None:
+    """Store a file of at most 1 MiB as one raw block; print its CID."""
+    with _store() as s:
+        click.echo(s.put_block(path.read_bytes()))
+
+
+@store.command("get")
+@click.argument("cid")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to this file.")
+@click.option("--max-bytes", type=click.IntRange(0), help="Refuse objects larger than this.")
+def get(cid: str, output: Path | None, max_bytes: int | None) -> None:
+    """Fetch CID, verify it, and write it to --output (or stdout when not a terminal)."""
+    with _store() as s:
+        data = s.get(cid, max_bytes=max_bytes)
+    if output is not None:
+        output.write_bytes(data)
+        click.echo(f"{len(data)} bytes written to {output}", err=True)
+    elif sys.stdout.isatty():
+        raise click.UsageError("refusing to print content to a terminal; use -o FILE or `krill store cat`")
+    else:
+        click.get_binary_stream("stdout").write(data)
+
+
+@store.command("cat")
+@click.argument("cid")
+def cat(cid: str) -> None:
+    """Fetch CID, verify it, and print it."""
+    with _store() as s:
+        click.get_binary_stream("stdout").write(s.get(cid))
+
+
+@store.command("pin")
+@click.argument("cid")
+def pin(cid: str) -> None:
+    """Keep CID and everything under it."""
+    with _store() as s:
+        s.pin(cid)
+
+
+@store.command("unpin")
+@click.argument("cid")
+def unpin(cid: str) -> None:
+    """Let CID be garbage-collected."""
+    with _store() as s:
+        s.unpin(cid)
