@@ -58,7 +58,7 @@ def get(cid: str, output: Path | None, max_bytes: int | None) -> None:
     elif sys.stdout.isatty():
         raise click.UsageError("refusing to print content to a terminal; use -o FILE or `krill store cat`")
     else:
-        click.get_binary_stream("stdout").write(data)
+        click.echo(data, nl=False)
 
 
 @store.command("cat")
@@ -66,7 +66,7 @@ def get(cid: str, output: Path | None, max_bytes: int | None) -> None:
 def cat(cid: str) -> None:
     """Fetch CID, verify it, and print it."""
     with _store() as s:
-        click.get_binary_stream("stdout").write(s.get(cid))
+        click.echo(s.get(cid), nl=False)
 
 
 @store.command("pin")
