@@ -1,0 +1,271 @@
+"""`Indexer`: contract events (and the headers and manifests they name) into the index tables.
+
+Design decisions:
+- The cursor (next block to read) lives in the database (`index_meta`), in the same transaction as
+  the rows of the blocks it covers: a crash between batches loses nothing and repeats nothing, and
+  a restarted indexer resumes where the last committed batch ended.
+- Only blocks at least `confirmations` deep are read, in batches of `batch_blocks`. Logs are fetched
+  outside any transaction; the batch is then applied under the write lock (SQLite BEGIN
+  IMMEDIATE; PostgreSQL SELECT ... FOR UPDATE of the cursor row) and only if the cursor still
+  points at the batch's first block. Several processes may run indexers on one database: each
+  batch is applied exactly once, whoever gets there first.
+- Every event is also keyed by (tx hash, log index) in `chain_events`, so applying anything twice
+  is a no-op even if the cursor were moved back by hand.
+- Content (headers by commit digest, manifests by version digest) is fetched after the events,
+  outside transactions, and written back in short ones. Store faults are recorded on the row and
+  retried on later passes (up to `max_fetch_attempts`); they never stop event ingest.
+- An index belongs to one chain id and contract; pointing it at another raises
+  `IndexMismatchError` rather than mixing two deployments' rows.
+- `rebuild()` drops the index tables and replays from `start_block` (the deploy block): the index
+  is a cache of chain + store, and a test checks the rebuilt rows equal the incremental ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, or_, select
+
+from krill.chain.events import ChainEvent, decode_log
+from krill.chain.rpc import endpoint_of, with_retries
+from krill.db.content import HEADER_LIMITS, CommitFacts, Fetched, fetch_header, fetch_manifest
+from krill.db.errors import IndexMismatchError
+from krill.db.ingest import DEFAULT_TRUST_PRIOR, TrustPrior, apply_event
+from krill.db.models import INDEX_TABLES, Commit, FetchStatus, Header, IndexMeta, Shard, Version
+from krill.db.session import Database
+from krill.db.types import address
+from krill.errors import ChainUnavailableError
+from krill.payload.limits import PayloadLimits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SyncReport:
+    """What one `sync()` pass did."""
+
+    from_block: int
+    next_block: int
+    safe_head: int
+    events: int = 0
+    batches: int = 0
+    fetched: dict[str, int] = field(default_factory=dict)
+
+    def count(self, kind: str, status: FetchStatus) -> None:
+        key = f"{kind}_{status.value}"
+        self.fetched[key] = self.fetched.get(key, 0) + 1
+
+
+@dataclass(frozen=True)
+class IndexStatus:
+    """Where the index stands against the chain."""
+
+    chain_id: int | None
+    protocol: str | None
+    next_block: int | None
+    safe_head: int
+    rows: dict[str, int]
+    headers: dict[str, int]
+    manifests: dict[str, int]
+
+    @property
+    def lag_blocks(self) -> int:
+        """Confirmed blocks not yet indexed."""
+        return max(0, self.safe_head + 1 - (self.next_block or 0))
+
+
+class Indexer:
+    """Follows one deployment's protocol events into `database`; optionally fills content from `store`."""
+
+    def __init__(self, chain, database: Database, store=None, *, start_block: int = 0, confirmations: int = 0,
+                 batch_blocks: int = 500, trust_prior: TrustPrior = DEFAULT_TRUST_PRIOR, max_fetch_attempts: int = 20,
+                 fetch_batch: int = 64, header_limits: PayloadLimits = HEADER_LIMITS):
+        if start_block < 0 or confirmations < 0 or batch_blocks < 1 or max_fetch_attempts < 1 or fetch_batch < 1:
+            raise ValueError("start_block and confirmations must be >= 0; batch_blocks, max_fetch_attempts "
+                             "and fetch_batch >= 1")
+        self.chain = chain
+        self.db = database
+        self.store = store
+        self.start_block = start_block
+        self.confirmations = confirmations
+        self.batch_blocks = batch_blocks
+        self.trust_prior = trust_prior
+        self.max_fetch_attempts = max_fetch_attempts
+        self.fetch_batch = fetch_batch
+        self.header_limits = header_limits
+        self._chain_id: int | None = None
+
+    # ------------------------------------------------------------------ chain access
+
+    @property
+    def chain_id(self) -> int:
+        if self._chain_id is None:
+            w3 = self.chain.w3
+            self._chain_id = with_retries(lambda: w3.eth.chain_id, "eth_chainId", endpoint=endpoint_of(w3))
+        return self._chain_id
+
+    def safe_head(self) -> int:
+        """The newest block with `confirmations` blocks on top (-1 if none)."""
+        return self.chain.block_number() - self.confirmations
+
+    def _logs(self, start: int, end: int) -> list[ChainEvent]:
+        w3 = self.chain.w3
+        query = {"fromBlock": start, "toBlock": end, "address": [self.chain.address]}
+        logs = with_retries(lambda: w3.eth.get_logs(query), "eth_getLogs", endpoint=endpoint_of(w3))
+        events = (decode_log(w3, lg) for lg in sorted(logs, key=lambda lg: (lg["blockNumber"], lg["logIndex"])))
+        return [e for e in events if e is not None]
+
+    def _block_times(self, events: list[ChainEvent]) -> dict[int, int]:
+        w3 = self.chain.w3
+        return {n: int(with_retries(lambda n=n: w3.eth.get_block(n)["timestamp"], "eth_getBlockByNumber",
+                                    endpoint=endpoint_of(w3)))
+                for n in sorted({e.block_number for e in events})}
+
+    # ------------------------------------------------------------------ cursor
+
+    def _meta(self, session) -> IndexMeta:
+        """The index's deployment row (created on first use), checked against this chain and contract."""
+        meta = session.get(IndexMeta, 1, with_for_update=True)
+        protocol = address(self.chain.address)
+        if meta is None:
+            meta = IndexMeta(id=1, chain_id=self.chain_id, protocol=protocol, start_block=self.start_block,
+                             next_block=self.start_block)
+            session.add(meta)
+            session.flush()
+        elif (meta.chain_id, meta.protocol) != (self.chain_id, protocol):
+            raise IndexMismatchError(
+                f"this database indexes contract {meta.protocol} on chain {meta.chain_id}, not {protocol} on "
+                f"chain {self.chain_id}: run `krill index rebuild` or set database.url to another database")
+        return meta
+
+    def next_block(self) -> int:
+        """The first block not yet indexed."""
+        with self.db.write() as session:
+            return self._meta(session).next_block
+
+    # ------------------------------------------------------------------ passes
+
+    def sync(self) -> SyncReport:
+        """Index every confirmed block not yet indexed, then fetch pending content; one pass."""
+        first = self.next_block()
+        safe = self.safe_head()
+        report = SyncReport(from_block=first, next_block=first, safe_head=safe)
+        while True:
+            start = self.next_block()
+            if start > safe:
+                break
+            end = min(safe, start + self.batch_blocks - 1)
+            events = self._logs(start, end)
+            times = self._block_times(events)
+            with self.db.write() as session:
+                meta = self._meta(session)
+                if meta.next_block != start:  # another indexer applied this range meanwhile
+                    continue
+                for event in events:
+                    report.events += apply_event(session, event, times[event.block_number], self.trust_prior)
+                meta.next_block = end + 1
+            report.batches += 1
+            report.next_block = end + 1
+        if self.store is not None:
+            self.fetch_content(report)
+        return report
+
+    def fetch_content(self, report: SyncReport | None = None) -> None:
+        """Fetch pending and retryable headers and manifests from the store and record the outcome."""
+        report = report or SyncReport(0, 0, 0)
+        if self.store is None:
+            return
+        retry = or_(Header.status == FetchStatus.PENDING,
+                    (Header.status == FetchStatus.UNAVAILABLE) & (Header.attempts < self.max_fetch_attempts))
+        meta = {"chain_id": self.chain_id, "contract": address(self.chain.address)}
+        after = -1  # each header is tried at most once per pass
+        while True:
+            with self.db.session() as session:
+                rows = session.execute(select(Header.commit_id, Header.attempts, Commit).join(Commit)
+                                       .where(retry, Header.commit_id > after).order_by(Header.commit_id)
+                                       .limit(self.fetch_batch)).all()
+            if not rows:
+                break
+            after = rows[-1].commit_id
+            results = [(cid, attempts, fetch_header(self.store, CommitFacts(
+                commit_id=c.commit_id, header_cid=c.header_cid, worker=c.worker, version=c.version, nonce=c.nonce,
+                worker_key=c.worker_key, **meta), self.header_limits)) for cid, attempts, c in rows]
+            with self.db.write() as session:
+                for commit_id, attempts, outcome in results:
+                    self._store_header(session, commit_id, attempts, outcome)
+                    report.count("headers", outcome.status)
+        self._fetch_manifests(report)
+
+    def _store_header(self, session, commit_id: int, attempts_seen: int, outcome: Fetched) -> None:
+        row = session.get(Header, commit_id, with_for_update=True)
+        if row.attempts != attempts_seen or row.status in (FetchStatus.AVAILABLE, FetchStatus.INVALID):
+            return  # another indexer recorded an outcome meanwhile
+        row.status, row.error, row.attempts = outcome.status, outcome.error, row.attempts + 1
+        for name, value in outcome.values.items():
+            setattr(row, name, value)
+
+    def _fetch_manifests(self, report: SyncReport) -> None:
+        retry = or_(Version.manifest_status == FetchStatus.PENDING,
+                    (Version.manifest_status == FetchStatus.UNAVAILABLE)
+                    & (Version.manifest_attempts < self.max_fetch_attempts))
+        with self.db.session() as session:  # versions are few: take the whole list, each tried once per pass
+            todo = session.execute(select(Version.run_id, Version.version, Version.manifest_cid,
+                                          Version.manifest_attempts).where(retry)
+                                   .order_by(Version.run_id, Version.version)).all()
+        for i in range(0, len(todo), self.fetch_batch):
+            chunk = todo[i:i + self.fetch_batch]
+            results = [(r, fetch_manifest(self.store, r.manifest_cid, r.version)) for r in chunk]
+            with self.db.write() as session:
+                for r, outcome in results:
+                    report.count("manifests", outcome.status)
+                    row = session.get(Version, (r.run_id, r.version), with_for_update=True)
+                    if row.manifest_attempts != r.manifest_attempts or row.manifest_status in (
+                            FetchStatus.AVAILABLE, FetchStatus.INVALID):
+                        continue  # another indexer recorded an outcome meanwhile
+                    row.manifest_status, row.manifest_error = outcome.status, outcome.error
+                    row.manifest_attempts += 1
+                    for name, value in outcome.values.items():
+                        setattr(row, name, value)
+                    for shard in outcome.shards:
+                        session.add(Shard(run_id=r.run_id, version=r.version, **shard))
+
+    def rebuild(self) -> SyncReport:
+        """Drop the index tables and replay the chain from `start_block` (role state is kept)."""
+        self.db.reset_index()
+        return self.sync()
+
+    def follow(self, poll_interval_s: float = 1.0, stop: threading.Event | None = None,
+               on_pass: Callable[[SyncReport], None] | None = None) -> None:
+        """Sync repeatedly until `stop` is set; a chain outage is waited out with back-off."""
+        stop = stop or threading.Event()
+        delay = poll_interval_s
+        while not stop.is_set():
+            try:
+                report = self.sync()
+            except ChainUnavailableError as exc:
+                log.warning("chain unavailable, retrying in %.1f s: %s", delay, exc)
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            delay = poll_interval_s
+            if on_pass is not None:
+                on_pass(report)
+            stop.wait(poll_interval_s)
+
+    def status(self) -> IndexStatus:
+        """Cursor, confirmed head, row counts, and content fetch states."""
+        safe = self.safe_head()
+        with self.db.session() as session:
+            meta = session.get(IndexMeta, 1)
+            rows = {t.name: session.scalar(select(func.count()).select_from(t)) for t in INDEX_TABLES}
+            headers = dict(session.execute(select(Header.status, func.count()).group_by(Header.status)).all())
+            manifests = dict(session.execute(select(Version.manifest_status, func.count())
+                                             .group_by(Version.manifest_status)).all())
+        return IndexStatus(chain_id=meta.chain_id if meta else None, protocol=meta.protocol if meta else None,
+                           next_block=meta.next_block if meta else None, safe_head=safe, rows=rows,
+                           headers={k.value: v for k, v in headers.items()},
+                           manifests={k.value: v for k, v in manifests.items()})
+

@@ -1,0 +1,1 @@
+"""Helpers that test suites of every part share (real services started and stopped by PID)."""
