@@ -9,7 +9,7 @@ Design decisions:
 - Network exposure is explicit: the repo's config is rewritten at every start so the node listens
   only on `swarm_addresses` (loopback by default), serves no RPC API or gateway, has MDNS off, no
   public bootstrap list and no DHT (`Routing.Type = none`). Content moves by bitswap between peers
-  that are connected, which the `bootstrap` list (dialled at start) and `connect()` arrange.
+  that are connected, which the `bootstrap` list (dialled by Krill at start) and `connect()` arrange.
 - Krill's CIDs (raw leaves, CIDv1) cannot be produced by the library's `AddFile`, which makes CIDv0
   DAGs with dag-pb leaves. So Krill writes its blocks straight into the node's own blockstore: the
   repo's flatfs directory, under the multihash key and shard layout Kubo uses
@@ -92,7 +92,7 @@ class EmbeddedKuboStore(BlockBackedStore):
         self._tmp = self.repo / "krill-tmp"
         with _lock:
             if str(self.repo) not in _open_repos:
-                self._start(swarm_addresses or ["/ip4/127.0.0.1/tcp/0"], bootstrap or [])
+                self._start(swarm_addresses or ["/ip4/127.0.0.1/tcp/0"])
             _open_repos[str(self.repo)] = _open_repos.get(str(self.repo), 0) + 1
         self._tmp.mkdir(exist_ok=True)
         sharding = (self._blocks / "SHARDING").read_text().strip() if (self._blocks / "SHARDING").exists() else ""
@@ -107,7 +107,7 @@ class EmbeddedKuboStore(BlockBackedStore):
         for addr in failures:
             log.warning("embedded IPFS node could not connect to bootstrap peer %s", addr)
 
-    def _start(self, swarm_addresses: list[str], bootstrap: list[str]) -> None:
+    def _start(self, swarm_addresses: list[str]) -> None:
         self.repo.mkdir(parents=True, exist_ok=True)
         config_path = self.repo / "config"
         if not config_path.exists() and self._kubo.CreateRepo(_c(self.repo)) < 0:
@@ -118,7 +118,9 @@ class EmbeddedKuboStore(BlockBackedStore):
             raise StoreError(f"cannot read the IPFS repo config {config_path}: {exc}") from None
         config["Addresses"].update({"Swarm": list(swarm_addresses), "API": [], "Gateway": [],
                                     "Announce": [], "AppendAnnounce": []})
-        config["Bootstrap"] = list(bootstrap)
+        # Krill dials its bootstrap peers itself, once, right after start; Kubo's own bootstrapper
+        # dialling the same peers concurrently raced with that dial and lost wants now and then.
+        config["Bootstrap"] = []
         config.setdefault("Discovery", {}).setdefault("MDNS", {})["Enabled"] = False
         config.setdefault("Routing", {})["Type"] = "none"
         tmp = config_path.with_suffix(".krill-tmp")

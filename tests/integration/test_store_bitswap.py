@@ -18,7 +18,7 @@ store = EmbeddedKuboStore(sys.argv[1], timeout_s=30)
 data = random.Random(7).randbytes(6_000_000)
 cid = store.add(data, pin=True)
 header = store.put_block(b"signed header bytes")
-print(json.dumps({"addr": store.addresses[0], "cid": cid, "header": header}), flush=True)
+print(json.dumps({"addrs": store.addresses, "cid": cid, "header": header}), flush=True)
 sys.stdin.readline()  # serve until the test says stop
 store.close()
 """
@@ -42,8 +42,8 @@ def test_two_nodes_exchange_by_cid(tmp_path):
         line = server.stdout.readline()
         assert line, "serving node did not start"
         info = json.loads(line)
-        assert info["addr"].startswith("/ip4/127.0.0.1/tcp/")
-        fetched = subprocess.run([sys.executable, "-c", FETCH, str(tmp_path / "b"), info["addr"], info["cid"],
+        assert info["addrs"] and all(a.startswith("/ip4/127.0.0.1/tcp/") for a in info["addrs"])  # loopback only
+        fetched = subprocess.run([sys.executable, "-c", FETCH, str(tmp_path / "b"), info["addrs"][0], info["cid"],
                                   info["header"]], capture_output=True, text=True, timeout=120, env=env)
         assert fetched.returncode == 0, fetched.stderr[-2000:]
         result = json.loads(fetched.stdout.strip().splitlines()[-1])
