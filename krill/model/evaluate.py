@@ -13,8 +13,8 @@ Design decisions:
 
 Public API:
     EvalResult(task, split, n, accuracy, k, pass_at_k, mean_length).to_dict()
-    evaluate(model_or_dir, task, n=500, *, tokenizer=None, k=1, split="eval", seed=0,
-             temperature=1.0, batch_size=256) -> EvalResult
+    evaluate(model_or_dir, task, n=500, *, tokenizer=None, k=1, split="eval", start=0, seed=0,
+             temperature=1.0, batch_size=256) -> EvalResult      prompts start..start+n-1
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def _batches(task, tokenizer, indices, split):
         yield groups[length]
 
 
-def evaluate(model, task, n: int = 500, *, tokenizer=None, k: int = 1, split: str = "eval",
+def evaluate(model, task, n: int = 500, *, tokenizer=None, k: int = 1, split: str = "eval", start: int = 0,
              seed: int = 0, temperature: float = 1.0, batch_size: int = 256) -> EvalResult:
-    """Greedy accuracy (and pass@k when k > 1) of `model` on the first `n` prompts of `split`.
+    """Greedy accuracy (and pass@k when k > 1) of `model` on prompts start..start+n-1 of `split`.
 
     `model` is a loaded HF causal LM (then `tokenizer` is required) or a model directory.
     """
@@ -81,9 +81,9 @@ def evaluate(model, task, n: int = 500, *, tokenizer=None, k: int = 1, split: st
     correct = passed = 0
     total_len = 0
     try:
-        for group in _batches(task, tokenizer, range(n), split):
-            for start in range(0, len(group), batch_size):
-                chunk = group[start:start + batch_size]
+        for group in _batches(task, tokenizer, range(start, start + n), split):
+            for offset in range(0, len(group), batch_size):
+                chunk = group[offset:offset + batch_size]
                 ids = torch.tensor([row[2] for row in chunk], dtype=torch.long, device=device)
                 out = generate(model, ids, task.max_new_tokens, eos, pad).tolist()
                 greedy_ok = []

@@ -44,7 +44,14 @@ from typing import Any
 
 from krill.errors import ModelError, PayloadError
 from krill.model.manifest import Manifest, ParameterEntry, ShardEntry, canonical_json
-from krill.model.shards import WEIGHT_INDEX, num_layers_of, plan_shards, read_model_tensors, shard_from_bytes, shard_to_bytes
+from krill.model.shards import (
+    WEIGHT_INDEX,
+    num_layers_of,
+    plan_shards,
+    read_model_tensors,
+    shard_from_bytes,
+    shard_to_bytes,
+)
 
 BUNDLE_FORMAT = "krill-files"
 MAX_BUNDLE_FILE_BYTES = 64 * 1024 * 1024
