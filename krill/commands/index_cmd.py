@@ -1,0 +1,117 @@
+"""`krill index sync|rebuild|status`: keep the local index of chain + store up to date.
+
+Design decisions:
+- Everything comes from the effective configuration: chain (RPC URL, protocol address, deploy
+  block, confirmations, retries), store and database. The index starts at `chain.deploy_block`.
+- `sync` makes one pass (or keeps following with `--follow` until Ctrl-C); `rebuild` drops only
+  the index tables and replays from the deploy block; role state is never touched.
+- Output is one line per pass (blocks, events, content fetched); `--json` prints machine-readable
+  reports. web3 and SQLAlchemy are imported inside the commands so `krill --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+
+import click
+
+from krill.commands.context import current_config
+
+
+def _open(stack: ExitStack, with_store: bool = True):
+    from krill.chain.client import KrillChain
+    from krill.chain.rpc import RetryPolicy, connect_http
+    from krill.db.indexer import Indexer
+    from krill.db.session import open_database
+    from krill.errors import ConfigError
+
+    config = current_config()
+    if config.chain.protocol_address is None:
+        raise ConfigError("chain.protocol_address is not set: start a devnet (`krill devnet up`) or set it in "
+                          "the config (KRILL_CHAIN__PROTOCOL_ADDRESS)")
+    chain = KrillChain(connect_http(config.chain.rpc_url, config.chain.request_timeout_s),
+                       config.chain.protocol_address, retry=RetryPolicy(attempts=config.chain.retries + 1))
+    db = stack.enter_context(open_database(config.database.url))
+    store = None
+    if with_store:
+        from krill.store.base import open_store
+
+        store = stack.enter_context(open_store(config.store))
+    indexer = Indexer(chain, db, store, start_block=config.chain.deploy_block,
+                      confirmations=config.chain.confirmations)
+    return indexer, config
+
+
+def _line(report) -> str:
+    fetched = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(report.fetched.items())) or "nothing fetched"
+    return (f"blocks {report.from_block}..{report.next_block - 1} (confirmed head {report.safe_head}): "
+            f"{report.events} events in {report.batches} batches; {fetched}")
+
+
+def _report_json(report) -> str:
+    return json.dumps({"from_block": report.from_block, "next_block": report.next_block,
+                       "safe_head": report.safe_head, "events": report.events, "batches": report.batches,
+                       "fetched": report.fetched}, sort_keys=True)
+
+
+@click.group()
+def index() -> None:
+    """The local index of contract events, headers and manifests (SQLite or PostgreSQL)."""
+
+
+@index.command("sync")
+@click.option("--follow", is_flag=True, help="Keep indexing new blocks until interrupted.")
+@click.option("--poll", "poll_s", type=click.FloatRange(0.05, 3600), default=None,
+              help="Seconds between passes with --follow (default: chain.poll_interval_s).")
+@click.option("--no-store", is_flag=True, help="Index chain events only; leave headers and manifests pending.")
+@click.option("--json", "as_json", is_flag=True, help="Print each pass as a JSON line.")
+def sync(follow: bool, poll_s: float | None, no_store: bool, as_json: bool) -> None:
+    """Index confirmed blocks not yet indexed, then fetch pending headers and manifests."""
+    with ExitStack() as stack:
+        indexer, config = _open(stack, with_store=not no_store)
+
+        def show(report) -> None:
+            click.echo(_report_json(report) if as_json else _line(report))
+
+        if not follow:
+            show(indexer.sync())
+            return
+        try:
+            indexer.follow(poll_s or config.chain.poll_interval_s, on_pass=show)
+        except KeyboardInterrupt:
+            click.echo("stopped", err=True)
+
+
+@index.command("rebuild")
+@click.option("--no-store", is_flag=True, help="Rebuild from chain events only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def rebuild(no_store: bool, as_json: bool) -> None:
+    """Drop the index tables and replay the chain from the deploy block (role state is kept)."""
+    with ExitStack() as stack:
+        indexer, _ = _open(stack, with_store=not no_store)
+        report = indexer.rebuild()
+        click.echo(_report_json(report) if as_json else "rebuilt: " + _line(report))
+
+
+@index.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(as_json: bool) -> None:
+    """Show the index cursor against the chain, row counts and content fetch states."""
+    with ExitStack() as stack:
+        indexer, _ = _open(stack, with_store=False)
+        st = indexer.status()
+        data = {"chain_id": st.chain_id, "protocol": st.protocol, "next_block": st.next_block,
+                "safe_head": st.safe_head, "lag_blocks": st.lag_blocks, "rows": st.rows, "headers": st.headers,
+                "manifests": st.manifests}
+        if as_json:
+            click.echo(json.dumps(data, sort_keys=True))
+            return
+        if st.next_block is None:
+            click.echo(f"empty index (confirmed head {st.safe_head}): run `krill index sync`")
+            return
+        click.echo(f"contract {st.protocol} on chain {st.chain_id}: next block {st.next_block}, "
+                   f"confirmed head {st.safe_head}, {st.lag_blocks} blocks behind")
+        click.echo("rows       " + ", ".join(f"{k} {v}" for k, v in sorted(st.rows.items())))
+        click.echo("headers    " + (", ".join(f"{k} {v}" for k, v in sorted(st.headers.items())) or "none"))
+        click.echo("manifests  " + (", ".join(f"{k} {v}" for k, v in sorted(st.manifests.items())) or "none"))

@@ -1,0 +1,156 @@
+"""The indexer against a real in-process chain (py-evm) and a real local store, on both databases."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from db_checks import assert_index_matches_chain, assert_scenario_rows
+from db_scenario import play
+from sqlalchemy import select, update
+
+from krill.chain.rpc import connect_in_process
+from krill.db import ingest
+from krill.db.errors import IndexMismatchError
+from krill.db.indexer import Indexer
+from krill.db.models import INDEX_TABLES, FetchStatus, Header, IndexMeta, RoleCursor
+from krill.db.session import open_database, table_rows
+from krill.store.local import LocalStore
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    root = tmp_path_factory.mktemp("index-scenario")
+    store = LocalStore(root / "store")
+    return play(connect_in_process(accounts=10), store), store
+
+
+def indexer(sc, db, store, **kwargs) -> Indexer:
+    return Indexer(sc.chain(), db, store, start_block=sc.deployment.block_number, **kwargs)
+
+
+def rows(db) -> dict:
+    with db.session() as s:
+        return table_rows(s, INDEX_TABLES)
+
+
+def test_index_agrees_with_the_chain_and_the_store(db, played):
+    sc, store = played
+    report = indexer(sc, db, store).sync()
+    assert report.events > 30 and report.next_block == sc.w3.eth.block_number + 1
+    assert report.fetched == {"headers_available": 2, "headers_unavailable": 1, "headers_invalid": 2,
+                              "manifests_available": 2}
+    with db.session() as s:
+        assert_index_matches_chain(s, sc)
+        assert_scenario_rows(s, sc)
+
+
+def test_sync_twice_or_replayed_changes_nothing(db, played):
+    sc, store = played
+    ix = indexer(sc, db, store, batch_blocks=7)
+    ix.sync()
+    first = rows(db)
+    assert ix.sync().events == 0
+    with db.session() as s:  # move the cursor back by hand: events are keyed, nothing doubles
+        s.execute(update(IndexMeta).values(next_block=sc.deployment.block_number))
+    assert ix.sync().events == 0
+    after = rows(db)
+    assert after.pop("headers") != first.pop("headers")  # only the withheld header's retry count moved
+    assert after == first
+
+
+def test_rebuild_gives_the_rows_of_an_incremental_index(db, played):
+    sc, store = played
+    head = sc.w3.eth.block_number
+    # Incremental: small batches, in three passes as the chain "grows" (confirmation depth shrinks).
+    for confirmations in (40, 15, 0):
+        indexer(sc, db, store, batch_blocks=3, confirmations=confirmations).sync()
+    with db.session() as s:
+        s.add(RoleCursor(name="coordinator", position=9))
+    incremental = rows(db)
+    assert incremental["index_meta"][0][-1] == head + 1
+    indexer(sc, db, store).rebuild()
+    rebuilt = rows(db)
+    # The withheld header was tried once per pass incrementally and once by the rebuild.
+    for table in (incremental, rebuilt):
+        table["headers"] = [h[:2] + h[3:] for h in table["headers"]]
+    assert rebuilt == incremental
+    with db.session() as s:
+        assert s.get(RoleCursor, "coordinator").position == 9
+
+
+def test_resumes_from_its_cursor_after_a_crash(db_url, played, monkeypatch):
+    sc, store = played
+    reference_db = open_database(db_url.replace("krill.db", "reference.db")) if db_url.startswith("sqlite") else None
+    applied = {"n": 0}
+    real_apply = ingest.apply_event
+
+    def crash_after_20(session, event, block_time, prior):
+        applied["n"] += 1
+        if applied["n"] > 20:
+            raise KeyboardInterrupt("simulated crash")
+        return real_apply(session, event, block_time, prior)
+
+    db = open_database(db_url)
+    monkeypatch.setattr("krill.db.indexer.apply_event", crash_after_20)
+    with pytest.raises(KeyboardInterrupt):
+        indexer(sc, db, store, batch_blocks=10).sync()
+    db.close()
+    monkeypatch.setattr("krill.db.indexer.apply_event", real_apply)
+
+    db = open_database(db_url)  # a new process, in effect
+    ix = indexer(sc, db, store, batch_blocks=10)
+    resumed_from = ix.next_block()
+    assert sc.deployment.block_number < resumed_from < sc.w3.eth.block_number
+    with db.session() as s:  # the half-applied batch left nothing behind
+        assert s.scalar(select(IndexMeta.next_block)) == resumed_from
+    ix.sync()
+    with db.session() as s:
+        assert_index_matches_chain(s, sc)
+        assert_scenario_rows(s, sc)
+    if reference_db is not None:
+        indexer(sc, reference_db, store).sync()
+        assert rows(reference_db) == rows(db)
+        reference_db.close()
+    db.close()
+
+
+def test_unavailable_content_is_retried_and_never_stops_ingest(db, played, tmp_path):
+    sc, store = played
+    no_store = indexer(sc, db, None)
+    no_store.sync()
+    with db.session() as s:
+        assert {h.status for h in s.scalars(select(Header))} == {FetchStatus.PENDING}
+    private = LocalStore(shutil.copytree(store.root, tmp_path / "store"))
+    ix = indexer(sc, db, private, max_fetch_attempts=2)
+    ix.sync()
+    withheld = sc.commits["withheld"]
+    with db.session() as s:
+        row = s.get(Header, withheld)
+        assert (row.status, row.attempts) == (FetchStatus.UNAVAILABLE, 1)
+        assert "not in the local store" in row.error
+    private.put_block(sc.withheld["withheld"])
+    ix.sync()
+    with db.session() as s:
+        row = s.get(Header, withheld)
+        assert (row.status, row.attempts, row.error, row.prompt_seed) == (FetchStatus.AVAILABLE, 2, None, 1001)
+    status = ix.status()
+    assert status.lag_blocks == 0 and status.headers == {"available": 3, "invalid": 2}
+
+
+def test_fetch_attempts_are_capped(db, played):
+    sc, store = played
+    ix = indexer(sc, db, store, max_fetch_attempts=2)
+    for _ in range(3):
+        ix.sync()
+    with db.session() as s:
+        assert s.get(Header, sc.commits["withheld"]).attempts == 2
+
+
+def test_an_index_refuses_another_deployment(db, played):
+    sc, store = played
+    indexer(sc, db, store).sync()
+    from krill.chain.client import KrillChain
+
+    with pytest.raises(IndexMismatchError, match="krill index rebuild"):
+        Indexer(KrillChain(sc.w3, "0x" + "12" * 20), db).sync()
