@@ -26,6 +26,7 @@ CORE_COMMANDS: dict[str, str] = {
     "devnet": "krill.commands.devnet_cmd:devnet",
     "demo": "krill.commands.demo_cmd:demo",
     "bench": "krill.commands.bench_cmd:bench",
+    "index": "krill.commands.index_cmd:index",
 }
 ROLE_GROUP = "krill.commands"
 

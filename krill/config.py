@@ -167,6 +167,9 @@ def default_config_path() -> Path | None:
 
 
 def _parse_scalar(text: str) -> Any:
+    # Addresses and digests (0x...) are strings, never TOML hex integers.
+    if text[:2].lower() == "0x":
+        return text
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

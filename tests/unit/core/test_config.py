@@ -70,3 +70,9 @@ def test_write_then_load_round_trip(tmp_path):
     assert (path.stat().st_mode & 0o777) == 0o600
     again = load_config(path, environ={})
     assert again == cfg and isinstance(again, KrillConfig)
+
+
+def test_hex_values_stay_strings_from_env_and_flags():
+    addr = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+    cfg = load_config(None, [f"chain.token_address={addr}"], environ={"KRILL_CHAIN__PROTOCOL_ADDRESS": addr})
+    assert cfg.chain.protocol_address == addr == cfg.chain.token_address
