@@ -27,6 +27,7 @@ CORE_COMMANDS: dict[str, str] = {
     "demo": "krill.commands.demo_cmd:demo",
     "bench": "krill.commands.bench_cmd:bench",
     "index": "krill.commands.index_cmd:index",
+    "store": "krill.commands.store_cmd:store",
 }
 ROLE_GROUP = "krill.commands"
 
