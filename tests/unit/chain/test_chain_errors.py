@@ -1,0 +1,67 @@
+"""Revert decoding: one Python class per Solidity custom error, carrying its arguments."""
+
+from __future__ import annotations
+
+import pytest
+from eth_abi import encode
+from eth_tester.exceptions import TransactionFailed
+from web3.exceptions import ContractCustomError
+
+from krill.chain import errors as E
+from krill.chain.artifacts import load_artifact
+from krill.errors import ChainError, ContractRevert
+
+ABI_ERRORS = [e for name in ("KrillProtocol", "KrillToken") for e in load_artifact(name).errors()]
+
+
+@pytest.mark.parametrize("entry", ABI_ERRORS, ids=lambda e: e["name"])
+def test_every_abi_error_has_its_class(entry):
+    cls = getattr(E, entry["name"])
+    assert issubclass(cls, ContractRevert) and issubclass(cls, ChainError)
+    assert cls.__name__ == cls.error_name == entry["name"]
+    assert len(cls.arg_types) == len(entry["inputs"])
+
+
+def test_decode_round_trip_with_arguments():
+    worker = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+    run_id = bytes(range(32))
+    cls = E.CommitDuplicate
+    data = cls.selector + encode(list(cls.arg_types), [run_id, worker, 3, 7, 11])
+    err = E.decode_revert(data, "commit")
+    assert type(err) is E.CommitDuplicate
+    assert err.revert_args == (run_id, worker, 3, 7, 11)
+    assert err.named_args == {"run_id": run_id, "worker": worker, "version": 3, "nonce": 7, "existing_commit_id": 11}
+    assert str(err).startswith("commit: reverted with CommitDuplicate(run_id=0x0001")
+
+
+def test_string_panic_and_unknown_reverts():
+    reason = E.decode_revert(bytes.fromhex("08c379a0") + encode(["string"], ["nope"]))
+    assert type(reason) is E.ContractRevertReason and reason.revert_args == ("nope",)
+    panic = E.decode_revert(bytes.fromhex("4e487b71") + encode(["uint256"], [0x11]))
+    assert type(panic) is E.ContractPanic and panic.revert_args == (0x11,)
+    unknown = E.decode_revert(b"\xde\xad\xbe\xef\x01")
+    assert type(unknown) is E.UnknownContractRevert and unknown.data == b"\xde\xad\xbe\xef\x01"
+    truncated = E.decode_revert(E.CommitDuplicate.selector + b"\x00" * 5)
+    assert type(truncated) is E.UnknownContractRevert
+
+
+def test_revert_data_from_eth_tester_and_web3_exceptions():
+    data = E.ClaimNothing.selector + encode(["address"], ["0x" + "11" * 20])
+    # eth-tester through web3: the raw bytes end up as the repr inside the message.
+    try:
+        try:
+            raise TransactionFailed(Exception(data))
+        except TransactionFailed as inner:
+            raise TransactionFailed(f"execution reverted: {inner.args[0]}") from None
+    except TransactionFailed as exc:
+        assert E.revert_data_from_exception(exc) == data
+        assert type(E.revert_from_exception(exc)) is E.ClaimNothing
+    web3_exc = ContractCustomError("0x" + data.hex(), data="0x" + data.hex())
+    assert E.revert_data_from_exception(web3_exc) == data
+    assert E.revert_from_exception(ValueError("not a revert")) is None
+
+
+def test_snake_case():
+    assert E.snake_case("ed25519PublicKey") == "ed25519_public_key"
+    assert E.snake_case("existingCommitId") == "existing_commit_id"
+    assert E.snake_case("token_") == "token"
