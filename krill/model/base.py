@@ -177,9 +177,14 @@ def ensure_base_model(recipe: BaseModelRecipe | None = None, home: str | Path | 
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _build(recipe, tmp, progress)
-        if final.exists():
+        if force and final.exists():
             shutil.rmtree(final)
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process finished the same recipe first; its build is as good as ours.
+            if not (final / BUILD_INFO).is_file():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final

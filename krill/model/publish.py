@@ -30,6 +30,7 @@ Public API:
     fetch_tensors(store, manifest) -> dict[name, Tensor]
     assemble_files(store, manifest) -> dict[file name, bytes]
     assemble_model_dir(store, manifest, out_dir) -> Path
+    load_version(store, manifest) -> (model, tokenizer)     via a temporary directory
     bundle_files(files) -> bytes;  unbundle_files(data) -> dict[str, bytes]
 """
 
@@ -227,3 +228,13 @@ def assemble_model_dir(store, manifest: Manifest, out_dir: str | Path) -> Path:
     for name, data in assemble_files(store, manifest).items():
         (out_dir / name).write_bytes(data)
     return out_dir
+
+
+def load_version(store, manifest: Manifest):
+    """The model and tokenizer of a version, loaded like any local HF directory."""
+    import tempfile
+
+    from krill.model.build import load_model
+
+    with tempfile.TemporaryDirectory(prefix="krill-version-") as tmp:
+        return load_model(assemble_model_dir(store, manifest, tmp))

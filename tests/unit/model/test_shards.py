@@ -13,6 +13,7 @@ from krill.model.publish import (
     assemble_model_dir,
     fetch_shard,
     load_manifest,
+    load_version,
     publish_model_dir,
     publish_update,
     read_model_dir,
@@ -69,7 +70,7 @@ def test_publish_assemble_round_trip_is_bit_exact(tiny_dir, store, tmp_path, num
         assert tensor.dtype == back[name].dtype
         assert tensor.numpy().tobytes() == back[name].numpy().tobytes()
     assert publish_model_dir(store, out, num_shards)[1] == cid
-    model, tok = load_model(out)
+    model, tok = load_version(store, loaded)
     ref, _ = load_model(tiny_dir)
     ids = torch.tensor([tok("12+34+56=")["input_ids"]])
     assert torch.equal(model(input_ids=ids).logits, ref(input_ids=ids).logits)
