@@ -86,11 +86,8 @@ def evaluate(model, task, n: int = 500, *, tokenizer=None, k: int = 1, split: st
                 chunk = group[offset:offset + batch_size]
                 ids = torch.tensor([row[2] for row in chunk], dtype=torch.long, device=device)
                 out = generate(model, ids, task.max_new_tokens, eos, pad).tolist()
-                greedy_ok = []
                 for (_, meta, _), toks in zip(chunk, out, strict=True):
-                    ok = task.reward(meta, decode_completion(tokenizer, toks)) > 0
-                    greedy_ok.append(ok)
-                    correct += ok
+                    correct += task.reward(meta, decode_completion(tokenizer, toks)) > 0
                     total_len += toks.index(eos) + 1 if eos in toks else len(toks)
                 if k > 1:
                     rep = ids.repeat_interleave(k, dim=0)
