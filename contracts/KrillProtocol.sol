@@ -101,12 +101,13 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     }
 
     /// @notice One worker commitment.
+    /// @dev Field order packs worker+version and nonce+commitBlock+counts+slashed into one slot each.
     struct CommitInfo {
         bytes32 runId;
         address worker;
         uint64 version;
-        uint64 nonce;
         bytes32 headerDigest;
+        uint64 nonce;
         uint64 commitBlock;
         uint32 passCount;
         uint32 failCount;

@@ -144,8 +144,8 @@ class CommitInfo:
     run_id: bytes
     worker: str
     version: int
-    nonce: int
     header_digest: bytes
+    nonce: int
     commit_block: int
     pass_count: int
     fail_count: int
