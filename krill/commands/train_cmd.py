@@ -5,7 +5,7 @@ Design decisions:
   `krill.rl.local_train`, so tests and benchmarks call the same code. torch and transformers
   are imported inside the command, so `krill --help` stays instant.
 - Without `--model` the default base model is built (or taken from its cache) by
-  `krill.model.ensure_base_model`, deterministic and offline.
+  `krill.model.base.ensure_base_model`, deterministic and offline.
 """
 
 from __future__ import annotations
@@ -43,13 +43,16 @@ def train() -> None:
 @click.option("--eval-n", type=click.IntRange(min=1), default=500, show_default=True, help="Held-out prompts per eval.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=20, show_default=True, help="Versions between evals.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="torch CPU threads (0: torch's default, one per core).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the summary JSON here and the learning curve PNG beside it.")
 def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: int, group_size: int,
           max_staleness: int, staleness_weight: str, minutes: float, versions: int | None, lr: float,
           density: float, value_dtype: str, rule: str, num_shards: int, eval_n: int, eval_every: int,
-          seed: int, summary_path: Path | None) -> None:
+          seed: int, threads: int, summary_path: Path | None) -> None:
     """RL in one process with simulated workers, stale rollouts and robust aggregation."""
+    import torch
     from pydantic import TypeAdapter
 
     from krill.rl.aggregate import AggregationRule
@@ -58,8 +61,10 @@ def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: i
     from krill.rl.optimizer import AdamWConfig
     from krill.rl.staleness import StalenessConfig
 
+    if threads:
+        torch.set_num_threads(threads)
     if model_dir is None:
-        from krill.model import ensure_base_model
+        from krill.model.base import ensure_base_model
 
         model_dir = ensure_base_model()
     config = LocalTrainConfig(
