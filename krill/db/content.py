@@ -49,6 +49,7 @@ class CommitFacts:
 
     commit_id: int
     header_cid: str
+    run_id: str
     worker: str
     version: int
     nonce: int
@@ -93,7 +94,8 @@ def fetch_header(store, facts: CommitFacts, limits: PayloadLimits = HEADER_LIMIT
 
 
 def _contradiction(header, facts: CommitFacts) -> str | None:
-    checks = (("header.worker", header.worker, facts.worker.lower()),
+    checks = (("header.run_id", header.run_id, facts.run_id),
+              ("header.worker", header.worker, facts.worker.lower()),
               ("header.model_version", header.model_version, facts.version),
               ("header.nonce", header.nonce, facts.nonce),
               ("header.chain_id", header.chain_id, facts.chain_id),

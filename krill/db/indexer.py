@@ -191,7 +191,7 @@ class Indexer:
                 break
             after = rows[-1].commit_id
             results = [(cid, attempts, fetch_header(self.store, CommitFacts(
-                commit_id=c.commit_id, header_cid=c.header_cid, worker=c.worker, version=c.version, nonce=c.nonce,
+                commit_id=c.commit_id, header_cid=c.header_cid, run_id=c.run_id, worker=c.worker, version=c.version, nonce=c.nonce,
                 worker_key=c.worker_key, **meta), self.header_limits)) for cid, attempts, c in rows]
             with self.db.write() as session:
                 for commit_id, attempts, outcome in results:

@@ -13,6 +13,7 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from krill.payload.errors import (
@@ -75,6 +76,23 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def check_depth(text: str, max_depth: int, field: str) -> None:
+    """Refuse nesting deeper than `max_depth` before any recursive parser sees the text.
+
+    The scan is linear and allocation-light (strings removed, then brackets counted), so a
+    deeply nested bomb costs neither recursion nor memory whatever the interpreter's limits.
+    """
+    depth = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > max_depth:
+            raise MalformedPayloadError(f"nesting deeper than {max_depth}", field=field)
+
+
 def parse_canonical(data: bytes, max_bytes: int, field: str = "json") -> Any:
     """Decode canonical JSON of at most `max_bytes`; refuse anything not in canonical form."""
     if not isinstance(data, bytes | bytearray | memoryview):
@@ -84,6 +102,7 @@ def parse_canonical(data: bytes, max_bytes: int, field: str = "json") -> Any:
         raise PayloadTooLargeError(f"{len(data)} bytes, over the cap of {max_bytes}", field=field)
     try:
         text = data.decode("utf-8", errors="strict")
+        check_depth(text, MAX_DEPTH, field)
         value = json.loads(text, parse_float=_no_float, parse_constant=_no_constant, object_pairs_hook=_pairs)
     except SchemaError as exc:
         raise refield(exc, field) from None

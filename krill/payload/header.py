@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from krill.errors import StoreError
 from krill.payload.canonical import canonical_json, parse_canonical
@@ -84,12 +84,13 @@ class HeaderBody(_Strict):
     """Everything the worker signs."""
 
     protocol: Literal[1] = Field(PROTOCOL_VERSION, description="Header format version.")
-    run_id: Name = Field(description="Run identifier (its keccak is the on-chain run id).")
+    run_id: Hex32 = Field(description="On-chain run id (sha256 of the run spec), lowercase hex.")
     chain_id: int = Field(ge=1, lt=1 << 63, description="EVM chain id of the protocol contract.")
     contract: Address = Field(description="Protocol contract address, lowercase hex.")
     worker: Address = Field(description="Worker's Ethereum address, lowercase hex.")
     ed25519_key: Hex32 = Field(description="Worker's Ed25519 public key (staked on-chain), lowercase hex.")
-    model_version: int = Field(ge=0, lt=1 << 63, description="Model version v the work was done on.")
+    model_version: int = Field(ge=0, lt=1 << 63, description="Version v the gradients were computed at (committed on-chain).")
+    behaviour_version: int = Field(ge=0, lt=1 << 63, description="Version the rollouts were sampled from (<= model_version).")
     manifest_cid: str = Field(min_length=8, max_length=128, description="CID of version v's manifest.")
     task: Name = Field(description="Task name (krill.rl.tasks).")
     prompt_seed: U64 = Field(description="Seed of the prompt assignment H(run seed, worker, version, nonce).")
@@ -99,6 +100,12 @@ class HeaderBody(_Strict):
     files: dict[Name, FileRef] = Field(description="File name -> CID, sha256, size.")
 
     _cid = field_validator("manifest_cid")(classmethod(lambda cls, value: _canonical_cid(value)))
+
+    @model_validator(mode="after")
+    def _behaviour_not_newer(self):
+        if self.behaviour_version > self.model_version:
+            raise ValueError("behaviour_version must not exceed model_version")
+        return self
 
     def to_json(self) -> dict:
         return self.model_dump(mode="json")

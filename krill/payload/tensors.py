@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from krill.payload.canonical import check_depth
 from krill.payload.errors import (
     DtypeError,
     MalformedPayloadError,
@@ -102,7 +103,9 @@ def parse_safetensors(data: bytes, max_bytes: int, max_header_bytes: int, max_te
     if 8 + header_len > len(data):
         raise MalformedPayloadError("header length runs past the end of the file", field=field)
     try:
-        header = json.loads(bytes(data[8:8 + header_len]).decode("utf-8"), object_pairs_hook=_pairs,
+        text = bytes(data[8:8 + header_len]).decode("utf-8")
+        check_depth(text, 4, field)  # {name: {"shape": [...]}}: three levels deep at most
+        header = json.loads(text, object_pairs_hook=_pairs,
                             parse_float=_reject_float, parse_constant=_reject_float)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedPayloadError(f"header is not valid JSON: {str(exc)[:120]}", field=field) from None

@@ -66,8 +66,8 @@ class Scenario:
 def header(sc: Scenario, worker, version: int, nonce: int, manifest_cid: str, *, sign_with: SigningKey | None = None,
            claimed_nonce: int | None = None) -> bytes:
     key = sc.keys[worker.address]
-    body = HeaderBody(run_id="index-test", chain_id=sc.deployment.chain_id, contract=sc.deployment.protocol.lower(),
-                      worker=worker.address.lower(), ed25519_key=bytes(key.verify_key).hex(), model_version=version,
+    body = HeaderBody(run_id=RUN_ID.hex(), chain_id=sc.deployment.chain_id, contract=sc.deployment.protocol.lower(),
+                      worker=worker.address.lower(), ed25519_key=bytes(key.verify_key).hex(), model_version=version, behaviour_version=version,
                       manifest_cid=manifest_cid, task="arithmetic", prompt_seed=1000 + nonce,
                       nonce=nonce if claimed_nonce is None else claimed_nonce,
                       sampling=SamplingParams(temperature_milli=1000, max_new_tokens=4, seed=2**64 - 1 - nonce),

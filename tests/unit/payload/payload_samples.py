@@ -32,8 +32,8 @@ def make_gradients(rng: np.random.Generator, codec: str = "fp16") -> list[Gradie
 
 
 def header_body(key: SigningKey = KEY) -> dict:
-    return dict(run_id="run-1", chain_id=31337, contract="0x" + "ab" * 20, worker="0x" + "cd" * 20,
-                ed25519_key=bytes(key.verify_key).hex(), model_version=7, manifest_cid=file_cid(b"manifest v7"),
+    return dict(run_id="5e" * 32, chain_id=31337, contract="0x" + "ab" * 20, worker="0x" + "cd" * 20,
+                ed25519_key=bytes(key.verify_key).hex(), model_version=7, behaviour_version=6, manifest_cid=file_cid(b"manifest v7"),
                 task="arith", prompt_seed=123456789, nonce=3,
                 sampling={"temperature_milli": 1000, "top_p_milli": 1000, "top_k": 0, "max_new_tokens": 5, "seed": 42})
 

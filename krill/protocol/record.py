@@ -1,0 +1,115 @@
+"""The aggregation record of a version: what was folded, how, and the resulting public state.
+
+Design decisions:
+- Published with every version (v >= 1) as canonical JSON; its sha256 is the `recordDigest` of
+  `publishVersion`, and it is stored so that its CID follows from that digest (one raw block while
+  it fits 256 KiB, which a record of a few hundred contributions does). With the parent's
+  public state it is everything `krill audit` needs to recompute the version bit for bit.
+- Weights and the trust they came from are written as decimal strings of the float64 the
+  coordinator used (`repr`), so the audit feeds the aggregation exactly the same numbers.
+- Rejections are part of the record too: a contribution is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from krill.errors import PayloadError
+
+RECORD_FORMAT = "krill-aggregation-record/1"
+MAX_RECORD_BYTES = 256 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcceptedEntry(_Strict):
+    commit_id: int = Field(ge=1)
+    worker: str = Field(pattern=r"^0x[0-9a-f]{40}$")
+    header_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    model_version: int = Field(ge=0, description="Learner version the gradient was computed at (its mask's version).")
+    behaviour_version: int = Field(ge=0, description="Version the rollouts were sampled from.")
+    staleness: int = Field(ge=0, description="This version - 1 - model_version.")
+    trust: str = Field(description="Trust used (float64 repr).")
+    weight: str = Field(description="trust x staleness weight (float64 repr).")
+    shards: list[int] = Field(description="Shards this contribution carried gradients for.")
+    mean_reward: str = Field(description="Mean reward of its rollouts (float32 repr), for metrics.")
+    tokens: int = Field(ge=0, description="Completion tokens sampled.")
+
+
+class RejectedEntry(_Strict):
+    commit_id: int = Field(ge=1)
+    worker: str = Field(pattern=r"^0x[0-9a-f]{40}$")
+    reason_code: str = Field(pattern=r"^[a-z_]{1,40}$")
+    reason: str = Field(max_length=500)
+
+
+class ShardOutcome(_Strict):
+    shard: int = Field(ge=0)
+    submissions: int = Field(ge=0)
+    optimizer_state_cid: str | None = Field(description="AdamW state after this version's step (None: never stepped).")
+    optimizer_state_sha256: str | None = None
+    trimmed_fractions: list[str] = Field(default_factory=list, description="Per accepted submission, in order.")
+    clipped: int = 0
+    update_norm: str = "0.0"
+    grad_norm: str = "0.0"
+
+
+class AggregationRecord(_Strict):
+    format: str = Field(RECORD_FORMAT, pattern=r"^krill-aggregation-record/1$")
+    run_id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    version: int = Field(ge=1)
+    parent_manifest_cid: str
+    parent_record_cid: str | None = Field(description="Record of the parent version (None for version 1).")
+    manifest_cid: str
+    rule: dict = Field(description="The aggregation rule and its parameters (as in the run spec).")
+    accepted: list[AcceptedEntry]
+    rejected: list[RejectedEntry]
+    shards: list[ShardOutcome]
+    closed_by: str = Field(pattern=r"^(count|deadline)$", description="Why the version closed.")
+
+    def encode(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.encode()).digest()
+
+    @classmethod
+    def decode(cls, data: bytes) -> AggregationRecord:
+        if len(data) > MAX_RECORD_BYTES:
+            raise PayloadError(f"{len(data)} bytes, over the cap of {MAX_RECORD_BYTES}", field="record")
+        try:
+            record = cls.model_validate_json(data)
+        except ValueError as exc:
+            raise PayloadError(f"not a valid aggregation record: {exc}", field="record") from None
+        if record.encode() != data:
+            raise PayloadError("aggregation record is not in canonical form", field="record")
+        return record
+
+
+def publish_record(store, record: AggregationRecord) -> str:
+    """Store the record so its CID follows from its digest; returns the CID."""
+    from krill.store.cid import digest_to_cid
+
+    data = record.encode()
+    if len(data) > MAX_RECORD_BYTES:
+        raise PayloadError(f"record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}", field="record")
+    cid = store.add(data, pin=True)
+    if cid != digest_to_cid(record.digest):
+        raise PayloadError(f"store answered CID {cid} for the record", field="record")
+    return cid
+
+
+def load_record(store, digest: bytes) -> AggregationRecord:
+    """The record whose sha256 is `digest` (from `publishVersion`)."""
+    from krill.store.cid import digest_to_cid
+
+    data = store.get(digest_to_cid(digest), max_bytes=MAX_RECORD_BYTES)
+    if hashlib.sha256(data).digest() != digest:
+        raise PayloadError("content does not hash to the record digest", field="record")
+    return AggregationRecord.decode(data)

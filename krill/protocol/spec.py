@@ -1,0 +1,152 @@
+"""The run spec: every off-chain parameter of a training run, content-addressed.
+
+Design decisions:
+- A run is defined by one `RunSpec` document. Its bytes (sorted-key compact JSON) are stored as a
+  raw block, and the on-chain run id is sha256 of those bytes, so the chain alone locates the
+  spec (`digest_to_cid(run_id)`) and nobody can change a run's rules after the fact.
+- The spec nests the configs of the parts it fixes (loss, compression, aggregation rule,
+  optimizer, staleness, payload caps) rather than copying their fields, so a part's validation
+  lives in one place. On-chain parameters (quorum, slash fraction, check probability, challenge
+  window, reward per version) live in `chain` and are checked against the contract's run record.
+- Floats in the spec are fine: nobody re-encodes the spec, everyone hashes the stored bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from krill.errors import PayloadError
+from krill.payload.limits import PayloadLimits
+from krill.rl.aggregate import AggregationRule, ClipMixTrimRule
+from krill.rl.compression import CompressionConfig
+from krill.rl.loss import LossConfig
+from krill.rl.optimizer import AdamWConfig
+from krill.rl.staleness import StalenessConfig
+
+SPEC_FORMAT = "krill-run-spec/1"
+MAX_SPEC_BYTES = 64 * 1024
+TOKEN = 10**18
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RolloutSpec(_Part):
+    """What one contribution samples."""
+
+    prompts_per_contribution: int = Field(4, ge=1, le=4096, description="Prompts assigned per contribution.")
+    group_size: int = Field(8, ge=2, le=256, description="Samples per prompt (G).")
+    temperature_milli: int = Field(1000, ge=1, le=100_000, description="Sampling temperature x 1000.")
+    top_p_milli: int = Field(1000, ge=1, le=1000, description="Nucleus mass x 1000 (1000 = off).")
+    max_new_tokens: int | None = Field(None, ge=1, le=1 << 16, description="Completion cap; default: the task's.")
+
+
+class VersionSpec(_Part):
+    """When the coordinator closes a version."""
+
+    contributions: int = Field(4, ge=1, le=4096, description="K: close once this many are accepted.")
+    deadline_s: float = Field(60.0, gt=0, le=86_400, description="Or once this long has passed with >= min_contributions.")
+    min_contributions: int = Field(1, ge=1, le=4096, description="Fewest accepted contributions a version may fold.")
+
+
+class TrustSpec(_Part):
+    """Beta posterior over verdicts; new workers start low."""
+
+    prior_alpha: float = Field(1.0, gt=0, le=1e6, description="Prior passes.")
+    prior_beta: float = Field(3.0, gt=0, le=1e6, description="Prior failures (new workers start at alpha/(alpha+beta)).")
+    floor: float = Field(0.05, ge=0, lt=1, description="Contributions of workers below this trust are dropped.")
+
+
+class VerifySpec(_Part):
+    """Tolerances of the verifier's replay checks (see `krill calibrate`)."""
+
+    logprob_abs_tol: float = Field(1e-3, gt=0, le=10, description="Max |behaviour log-prob - replayed| per token.")
+    grad_min_cosine: float = Field(0.99, ge=-1, le=1, description="Min cosine of claimed vs recomputed shard gradient.")
+    grad_norm_rel_tol: float = Field(0.05, ge=0, le=10, description="Max relative norm difference of the gradient.")
+    exact_resample: bool = Field(True, description="Require the committed tokens to be re-sampled exactly.")
+
+
+class ChainSpec(_Part):
+    """On-chain run parameters (checked against the contract's record of the run)."""
+
+    max_staleness: int = Field(2, ge=0, le=1000, description="S_max, enforced on commit.")
+    attestation_quorum: int = Field(1, ge=1, le=64, description="Failing attestations needed to slash.")
+    slash_fraction_bps: int = Field(5000, ge=0, le=10_000, description="Share of stake slashed.")
+    verifier_bounty_bps: int = Field(2000, ge=0, le=10_000, description="Share of a slash paid to the verifiers.")
+    check_probability_ppm: int = Field(250_000, ge=1, le=1_000_000, description="Chance a verifier checks a commit.")
+    challenge_window_blocks: int = Field(40, ge=1, le=1_000_000, description="Blocks during which attestations count.")
+    reward_per_version: int = Field(10 * TOKEN, ge=0, description="Tokens split among a version's contributors.")
+
+
+class RunSpec(_Part):
+    """The whole, immutable definition of a run."""
+
+    format: str = Field(SPEC_FORMAT, pattern=r"^krill-run-spec/1$")
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Human-readable run name.")
+    seed: int = Field(0, ge=0, lt=1 << 63, description="Run seed: prompt assignment, sampling seeds and masks follow.")
+    task: str = Field("arithmetic", pattern=r"^[a-z0-9_-]{1,32}(:[0-9]{1,3})?$", description="Task (name or name:level).")
+    base_manifest_cid: str = Field(min_length=8, max_length=128, description="CID of version 0's manifest.")
+    num_shards: int = Field(2, ge=1, le=256, description="Contiguous parameter shards.")
+    engine: str = Field("hf-torch", pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Reference rollout engine.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    version: VersionSpec = Field(default_factory=VersionSpec)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
+    rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
+    optimizer: AdamWConfig = Field(default_factory=AdamWConfig)
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+    trust: TrustSpec = Field(default_factory=TrustSpec)
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    chain: ChainSpec = Field(default_factory=ChainSpec)
+    limits: PayloadLimits
+    eval_n: int = Field(500, ge=1, le=100_000, description="Held-out prompts per evaluation.")
+
+    def encode(self) -> bytes:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
+
+    @property
+    def run_id(self) -> bytes:
+        """The on-chain run id: sha256 of the encoded spec."""
+        return hashlib.sha256(self.encode()).digest()
+
+    @property
+    def run_seed(self) -> bytes:
+        """32 public bytes from which assignment and sampling seeds derive."""
+        return hashlib.sha256(b"krill/run-seed/v1" + self.run_id + self.seed.to_bytes(8, "big")).digest()
+
+    @classmethod
+    def decode(cls, data: bytes) -> RunSpec:
+        if len(data) > MAX_SPEC_BYTES:
+            raise PayloadError(f"{len(data)} bytes, over the cap of {MAX_SPEC_BYTES}", field="run_spec")
+        try:
+            return cls.model_validate_json(data)
+        except ValueError as exc:
+            raise PayloadError(f"not a valid run spec: {exc}", field="run_spec") from None
+
+
+def publish_spec(store, spec: RunSpec) -> bytes:
+    """Store the spec as a raw block; returns the run id (its sha256)."""
+    from krill.store.cid import digest_to_cid
+
+    data = spec.encode()
+    cid = store.put_block(data, pin=True)
+    if cid != digest_to_cid(hashlib.sha256(data).digest()):
+        raise PayloadError(f"store answered CID {cid} for the run spec", field="run_spec")
+    return spec.run_id
+
+
+def load_spec(store, run_id: bytes) -> RunSpec:
+    """Fetch the spec of on-chain run `run_id` and check it hashes to the id."""
+    from krill.store.cid import digest_to_cid
+
+    data = store.get(digest_to_cid(run_id), max_bytes=MAX_SPEC_BYTES)
+    if hashlib.sha256(data).digest() != run_id:
+        raise PayloadError("content does not hash to the run id", field="run_spec")
+    spec = RunSpec.decode(data)
+    if spec.encode() != data:
+        raise PayloadError("run spec is not in canonical form", field="run_spec")
+    return spec

@@ -1,0 +1,121 @@
+"""Public state of a model version, read from chain + store, and the masks that follow from it.
+
+Design decisions:
+- A version is (manifest, record); both are located by the digests `publishVersion` put on-chain
+  (version 0: the run's base manifest, no record). Everything is verified on fetch.
+- The coordinate mask a gradient computed at version v travels on (DESIGN §6) is
+  `shared_masks(reference = AdamW momentum after version v's step, seed = H(run, v, name))`:
+  public, identical for every party, and changing as the optimizer moves. Version 0, and shards
+  never stepped, have no momentum: their masks are the seeded random share alone.
+- Tensors and optimizer states are fetched lazily and cached per object, since a worker needs
+  every shard's weights but a coordinator serving some shards needs only those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+from krill.errors import ModelError
+from krill.model.manifest import Manifest
+from krill.protocol.record import AggregationRecord, load_record
+from krill.protocol.spec import RunSpec
+from krill.rl.compression import shared_masks
+
+
+def momentum_from_state(blob: bytes) -> dict[str, torch.Tensor]:
+    """The first-moment tensors (`m/<name>`) of a ShardAdamW state blob."""
+    from safetensors.torch import load
+
+    return {key[2:]: t for key, t in load(blob).items() if key.startswith("m/")}
+
+
+@dataclass
+class VersionState:
+    """One published version of a run."""
+
+    spec: RunSpec
+    version: int
+    manifest: Manifest
+    manifest_cid: str
+    record: AggregationRecord | None
+    record_cid: str | None
+    store: object
+    _tensors: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
+    _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def shard_tensors(self, shard: int) -> dict[str, torch.Tensor]:
+        from krill.model.publish import fetch_shard
+
+        if shard not in self._tensors:
+            self._tensors[shard] = fetch_shard(self.store, self.manifest, shard)
+        return self._tensors[shard]
+
+    def all_tensors(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for shard in range(self.manifest.num_shards):
+            out.update(self.shard_tensors(shard))
+        return out
+
+    def optimizer_state(self, shard: int) -> bytes | None:
+        """The AdamW state blob of `shard` after this version's step (None: never stepped)."""
+        if shard not in self._opt:
+            self._opt[shard] = _find_optimizer_state(self.store, self.record, shard)
+        return self._opt[shard]
+
+    def shapes(self) -> dict[str, torch.Size]:
+        return {p.name: torch.Size(p.shape) for s in self.manifest.shards for p in s.parameters}
+
+    def masks(self) -> dict[str, torch.Tensor]:
+        """The public masks of gradients computed at this version (every tensor of every shard)."""
+        if self._masks is None:
+            references: dict[str, torch.Tensor] = {}
+            for shard in range(self.manifest.num_shards):
+                blob = self.optimizer_state(shard)
+                if blob is not None:
+                    references.update(momentum_from_state(blob))
+            self._masks = shared_masks(self.shapes(), references or None, self.spec.compression,
+                                       self.spec.run_id.hex(), self.version)
+        return self._masks
+
+
+def _find_optimizer_state(store, record: AggregationRecord | None, shard: int) -> bytes | None:
+    """Walk back through records to the last version that stepped `shard`."""
+    while record is not None:
+        outcome = next((s for s in record.shards if s.shard == shard), None)
+        if outcome is not None and outcome.optimizer_state_cid is not None:
+            blob = store.get(outcome.optimizer_state_cid)
+            if hashlib.sha256(blob).hexdigest() != outcome.optimizer_state_sha256:
+                raise ModelError(f"optimizer state of shard {shard} does not match the record's sha256")
+            return blob
+        if record.parent_record_cid is None:
+            return None
+        from krill.store.cid import cid_to_digest
+
+        record = load_record(store, cid_to_digest(record.parent_record_cid))
+    return None
+
+
+def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, record_digest: bytes | None) -> VersionState:
+    """A version from the digests the chain holds for it."""
+    from krill.model.publish import load_manifest
+    from krill.store.cid import digest_to_cid
+
+    manifest_cid = digest_to_cid(manifest_digest)
+    manifest = load_manifest(store, manifest_cid)
+    if manifest.version != version:
+        raise ModelError(f"manifest {manifest_cid} is version {manifest.version}, the chain says {version}")
+    record = record_cid = None
+    if version > 0:
+        if record_digest is None:
+            raise ModelError(f"version {version} has no aggregation record digest")
+        record = load_record(store, record_digest)
+        record_cid = digest_to_cid(record_digest)
+        if record.version != version or record.manifest_cid != manifest_cid:
+            raise ModelError(f"record of version {version} names another version or manifest")
+    elif manifest_cid != spec.base_manifest_cid:
+        raise ModelError(f"base manifest {manifest_cid} differs from the run spec's {spec.base_manifest_cid}")
+    return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store)

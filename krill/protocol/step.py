@@ -1,0 +1,94 @@
+"""The version step: fold accepted contributions into new shard weights, deterministically.
+
+Design decisions:
+- Input is public: the parent version's tensors and optimizer states, the run spec, and for each
+  accepted contribution its weight, learner version and per-shard values on that version's
+  public mask. Output is the new tensors, optimizer states and per-shard outcomes. The coordinator
+  publishes with it and `krill audit` recomputes with it; the same inputs give the same bits.
+- Submissions are processed in commit-id order. Each shard is aggregated over the submissions
+  that carry it, in the coordinate space of the union of their masks (equal to the one mask when
+  all were computed at the same version, the common case; a late contribution computed at an
+  older version has zeros where its mask did not reach). The robust rule runs on that space, the
+  result is scattered to dense gradients, and the shard's AdamW takes one step.
+- A shard with no submission keeps its weights and optimizer state.
+- Threads: callers fix torch's thread count; reductions here run in fixed order (the rules
+  accumulate in float64), so results do not depend on it within a machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from krill.errors import ModelError
+from krill.protocol.spec import RunSpec
+from krill.rl.aggregate import aggregate
+from krill.rl.optimizer import ShardAdamW
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One accepted contribution as the step sees it."""
+
+    commit_id: int
+    weight: float
+    model_version: int
+    values: dict[int, dict[str, np.ndarray]]  # shard -> tensor name -> float32 values on the mask
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    shard: int
+    submissions: int
+    tensors: dict[str, torch.Tensor]
+    optimizer_state: bytes | None
+    trimmed_fractions: list[float]
+    clipped: int
+    update_norm: float
+    grad_norm: float
+
+
+def fold_shard(spec: RunSpec, shard: int, names: list[str], parent_tensors: dict[str, torch.Tensor],
+               parent_state: bytes | None, submissions: list[Submission],
+               masks_by_version: dict[int, dict[str, torch.Tensor]]) -> ShardResult:
+    """Aggregate one shard's submissions and take its optimizer step."""
+    subs = sorted((s for s in submissions if shard in s.values), key=lambda s: s.commit_id)
+    tensors = {n: parent_tensors[n].detach().clone().to(torch.float32) for n in names}
+    if not subs:
+        return ShardResult(shard, 0, tensors, parent_state, [], 0, 0.0, 0.0)
+    # The union of the masks involved, per tensor, and each submission's positions in it.
+    unions: dict[str, torch.Tensor] = {}
+    for n in names:
+        idx = [masks_by_version[v][n] for v in sorted({s.model_version for s in subs})]
+        unions[n] = idx[0] if len(idx) == 1 else torch.unique(torch.cat(idx))
+    widths = [int(unions[n].numel()) for n in names]
+    rows = torch.zeros((len(subs), sum(widths)), dtype=torch.float32)
+    for r, sub in enumerate(subs):
+        col = 0
+        for n, width in zip(names, widths, strict=True):
+            mask = masks_by_version[sub.model_version][n]
+            values = torch.from_numpy(np.ascontiguousarray(sub.values[shard][n], dtype=np.float32))
+            if values.numel() != mask.numel():
+                raise ModelError(f"commit {sub.commit_id}: {n} has {values.numel()} values for a mask of {mask.numel()}")
+            pos = mask if unions[n] is mask else torch.searchsorted(unions[n], mask)
+            rows[r, col + pos] = values
+            col += width
+    weights = torch.tensor([s.weight for s in subs], dtype=torch.float64)
+    agg, stats = aggregate(rows, weights, spec.rule)
+    grads: dict[str, torch.Tensor] = {}
+    for n, part in zip(names, torch.split(agg.to(torch.float32), widths), strict=True):
+        dense = torch.zeros(math.prod(tensors[n].shape), dtype=torch.float32)
+        dense[unions[n]] = part
+        grads[n] = dense.view(tensors[n].shape)
+    optimizer = ShardAdamW(tensors, spec.optimizer)
+    if parent_state is not None:
+        optimizer.load_state_bytes(parent_state)
+    before = {n: t.clone() for n, t in tensors.items()}
+    grad_norm = optimizer.step(grads)
+    update = math.sqrt(sum(float((tensors[n] - before[n]).double().pow(2).sum()) for n in names))
+    out = {n: tensors[n].to(parent_tensors[n].dtype) for n in names}
+    return ShardResult(shard, len(subs), out, optimizer.state_bytes(), list(stats.trimmed_fractions),
+                       stats.clipped, update, grad_norm)
