@@ -29,6 +29,7 @@ Public API:
 from __future__ import annotations
 
 import hashlib
+import operator
 import random
 from abc import ABC, abstractmethod
 from typing import Any, Literal
@@ -104,8 +105,13 @@ class Task(ABC):
         """The prompt text and metadata of problem `index` of `split`; deterministic."""
         if split not in SPLITS:
             raise TaskError(f"split: expected one of {SPLITS}, got {split!r}")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_INDEX:
+        try:
+            value = -1 if isinstance(index, bool) else operator.index(index)
+        except TypeError:
+            value = -1
+        if not 0 <= value <= MAX_INDEX:
             raise TaskError(f"index: expected an int in [0, 2**63), got {index!r}")
+        index = value
         seed = int.from_bytes(_digest("prompt", self.name, self.level, split, index)[:16], "big")
         rng = random.Random(seed)
         while True:
