@@ -28,6 +28,8 @@ CORE_COMMANDS: dict[str, str] = {
     "bench": "krill.commands.bench_cmd:bench",
     "index": "krill.commands.index_cmd:index",
     "store": "krill.commands.store_cmd:store",
+    "model": "krill.commands.model_cmd:model",
+    "eval": "krill.commands.eval_cmd:eval_",
 }
 ROLE_GROUP = "krill.commands"
 

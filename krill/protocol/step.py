@@ -73,7 +73,7 @@ def fold_shard(spec: RunSpec, shard: int, names: list[str], parent_tensors: dict
             values = torch.from_numpy(np.ascontiguousarray(sub.values[shard][n], dtype=np.float32))
             if values.numel() != mask.numel():
                 raise ModelError(f"commit {sub.commit_id}: {n} has {values.numel()} values for a mask of {mask.numel()}")
-            pos = mask if unions[n] is mask else torch.searchsorted(unions[n], mask)
+            pos = torch.searchsorted(unions[n], mask)
             rows[r, col + pos] = values
             col += width
     weights = torch.tensor([s.weight for s in subs], dtype=torch.float64)
@@ -92,3 +92,53 @@ def fold_shard(spec: RunSpec, shard: int, names: list[str], parent_tensors: dict
     out = {n: tensors[n].to(parent_tensors[n].dtype) for n in names}
     return ShardResult(shard, len(subs), out, optimizer.state_bytes(), list(stats.trimmed_fractions),
                        stats.clipped, update, grad_norm)
+
+
+def masks_by_version(states: dict[int, object]) -> dict[int, dict[str, torch.Tensor]]:
+    """The public masks of each learner version among `states` (version -> VersionState)."""
+    return {v: state.masks() for v, state in states.items()}
+
+
+def fold_version(spec: RunSpec, parent, submissions: list[Submission], learner_states: dict[int, object],
+                 shards: list[int] | None = None) -> list[ShardResult]:
+    """Fold every (or the listed) shard of `parent` (a VersionState) with `submissions`."""
+    masks = masks_by_version(learner_states)
+    missing = {s.model_version for s in submissions} - set(masks)
+    if missing:
+        raise ModelError(f"no public state for learner versions {sorted(missing)}")
+    out = []
+    for shard in (range(parent.manifest.num_shards) if shards is None else shards):
+        names = parent.manifest.shard_names(shard)
+        out.append(fold_shard(spec, shard, names, parent.shard_tensors(shard), parent.optimizer_state(shard),
+                              submissions, masks))
+    return out
+
+
+def publish_version_content(store, spec: RunSpec, parent, results: list[ShardResult], accepted: list,
+                            rejected: list, closed_by: str):
+    """Store the new shards, optimizer states, manifest and record; returns (manifest_cid, record)."""
+    import hashlib
+
+    from krill.model.publish import publish_update
+    from krill.protocol.record import AggregationRecord, ShardOutcome, publish_record
+
+    changed = {r.shard: r.tensors for r in results if r.submissions > 0}
+    if changed:
+        manifest, manifest_cid = publish_update(store, parent.manifest, parent.manifest_cid, changed, parent.version + 1)
+    else:
+        raise ModelError("a version needs at least one shard with submissions")
+    outcomes = []
+    for r in results:
+        cid = sha = None
+        if r.submissions > 0:
+            cid, sha = store.add(r.optimizer_state, pin=True), hashlib.sha256(r.optimizer_state).hexdigest()
+        outcomes.append(ShardOutcome(shard=r.shard, submissions=r.submissions, optimizer_state_cid=cid,
+                                     optimizer_state_sha256=sha, trimmed_fractions=[repr(float(x)) for x in r.trimmed_fractions],
+                                     clipped=r.clipped, update_norm=repr(float(r.update_norm)),
+                                     grad_norm=repr(float(r.grad_norm))))
+    record = AggregationRecord(run_id=spec.run_id.hex(), version=parent.version + 1,
+                               parent_manifest_cid=parent.manifest_cid, parent_record_cid=parent.record_cid,
+                               manifest_cid=manifest_cid, rule=spec.rule.model_dump(mode="json"),
+                               accepted=accepted, rejected=rejected, shards=outcomes, closed_by=closed_by)
+    publish_record(store, record)
+    return manifest, manifest_cid, record

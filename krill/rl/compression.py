@@ -127,7 +127,8 @@ def compress(grads: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], con
         values = grads[name].reshape(-1)[masks[name]]
         for part, t in encode_values(values, config).items():
             tensors[f"{name}/{part}"] = t
-    return st_save(tensors, metadata={"format": "krill-masked-grad/1", "dtype": config.dtype})
+    # A single metadata key: safetensors writes a metadata map in hash order (non-deterministic bytes).
+    return st_save(tensors, metadata={"format": f"krill-masked-grad/1;dtype={config.dtype}"})
 
 
 def decompress_values(blob: bytes, masks: dict[str, torch.Tensor], config: CompressionConfig) -> dict[str, torch.Tensor]:

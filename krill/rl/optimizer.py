@@ -89,8 +89,10 @@ class ShardAdamW:
     def state_bytes(self) -> bytes:
         tensors = {f"m/{n}": t.contiguous() for n, t in self.exp_avg.items()}
         tensors.update({f"v/{n}": t.contiguous() for n, t in self.exp_avg_sq.items()})
+        # One metadata key: safetensors writes a metadata map in hash order, and the blob is
+        # content-addressed, so its bytes must not vary between runs.
         meta = {"format": "krill-adamw/1", "step": str(self.step_count), "config": self.config.model_dump_json()}
-        return st_save(tensors, metadata=meta)
+        return st_save(tensors, metadata={_META_KEY: json.dumps(meta, sort_keys=True)})
 
     def load_state_bytes(self, blob: bytes) -> None:
 
@@ -111,7 +113,14 @@ class ShardAdamW:
         self.step_count = int(meta["step"])
 
 
+_META_KEY = "krill-adamw"
+
+
 def _metadata(blob: bytes) -> dict[str, str]:
-    """The `__metadata__` of a safetensors blob (header: 8-byte little-endian length, then JSON)."""
-    size = int.from_bytes(blob[:8], "little")
-    return json.loads(blob[8:8 + size]).get("__metadata__", {})
+    """Our metadata of a state blob (safetensors header: 8-byte little-endian length, then JSON)."""
+    try:
+        size = int.from_bytes(blob[:8], "little")
+        meta = json.loads(json.loads(blob[8:8 + size]).get("__metadata__", {}).get(_META_KEY, "{}"))
+    except (ValueError, AttributeError, TypeError):
+        raise OptimizerError("optimizer state: unreadable metadata") from None
+    return meta if isinstance(meta, dict) else {}

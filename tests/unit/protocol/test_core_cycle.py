@@ -1,0 +1,118 @@
+"""One version cycle through the protocol core, in process: produce, validate, replay, fold, publish, reload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from krill.payload.contribution import ExpectedContext, validate_contribution
+from krill.protocol.policy import build_model, load_tokenizer
+from krill.protocol.record import AcceptedEntry
+from krill.protocol.state import load_version
+from krill.protocol.step import Submission, fold_version, publish_version_content
+from krill.protocol.work import (check_assignment, check_gradient, check_resample, check_rewards, learn, package,
+                                 sample)
+from krill.rl.engine.hf import HFEngine
+from krill.rl.tasks import get_task
+
+
+def _produce(spec, base, who, nonce, tamper=None):
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    model = build_model(base)
+    engine = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=base.version)
+    sampled = sample(spec, task, tok, engine, who.worker, nonce)
+    if tamper == "rewards":
+        sampled.rewards = 1.0 - sampled.rewards
+    learned = learn(spec, model, base, sampled, [0, 1], tok.pad_token_id)
+    return package(spec, task, who, base, sampled, learned)
+
+
+def _grad_lengths(base):
+    masks = base.masks()
+    return {s: {n: int(masks[n].numel()) for n in base.manifest.shard_names(s)} for s in range(base.manifest.num_shards)}
+
+
+def _validate(spec, base, header, files):
+    ctx = ExpectedContext(run_id=spec.run_id.hex(), worker=header.worker, model_version=base.version,
+                          manifest_cid=base.manifest_cid, digest=header.digest)
+    return validate_contribution(header.encode(), files, spec.limits, ctx, _grad_lengths(base))
+
+
+def test_produce_validate_and_replay_passes_for_honest_work(tiny_run):
+    store, spec, base, workers = tiny_run
+    header, files = _produce(spec, base, workers[0], nonce=0)
+    contribution = _validate(spec, base, header, files)
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=0)
+    checks = [check_assignment(spec, task, tok, header, contribution.rollouts),
+              check_rewards(spec, task, tok, header, contribution.rollouts),
+              check_resample(spec, task, tok, header, contribution.rollouts, engine)]
+    for shard in (0, 1):
+        checks.append(check_gradient(spec, header, contribution.rollouts, contribution.gradients[shard].values, shard,
+                                     build_model(base), base, tok.pad_token_id))
+    assert all(c.ok for c in checks), [(c.name, c.detail) for c in checks]
+    assert checks[-1].figures["cosine"] > 0.999
+
+
+def test_forged_rewards_fail_the_reward_check(tiny_run):
+    store, spec, base, workers = tiny_run
+    header, files = _produce(spec, base, workers[1], nonce=0, tamper="rewards")
+    contribution = _validate(spec, base, header, files)
+    check = check_rewards(spec, get_task(spec.task), load_tokenizer(base), header, contribution.rollouts)
+    assert not check.ok and check.figures["mismatched"] == len(contribution.rollouts.rewards)
+
+
+def test_fold_publish_reload_is_deterministic_and_moves_weights(tiny_run):
+    store, spec, base, workers = tiny_run
+    # A random tiny model earns no reward (zero advantages, zero gradients), so the values folded
+    # here are seeded random gradients on the public masks: this test is about the step itself.
+    rng = np.random.default_rng(0)
+    lengths = _grad_lengths(base)
+    submissions, accepted = [], []
+    for i, who in enumerate(workers[:2]):
+        header, files = _produce(spec, base, who, nonce=5)
+        c = _validate(spec, base, header, files)
+        values = {s: {n: rng.standard_normal(k).astype(np.float32) for n, k in lengths[s].items()} for s in lengths}
+        submissions.append(Submission(commit_id=i + 1, weight=0.5, model_version=0, values=values))
+        accepted.append(AcceptedEntry(commit_id=i + 1, worker=who.worker, header_digest=header.digest.hex(),
+                                      model_version=0, behaviour_version=0, staleness=0, trust="0.5", weight="0.5",
+                                      shards=[0, 1], mean_reward=repr(float(c.rollouts.rewards.mean())),
+                                      tokens=int(c.rollouts.n_tokens)))
+    first = fold_version(spec, base, submissions, {0: base})
+    second = fold_version(spec, base, list(reversed(submissions)), {0: base})
+    for a, b in zip(first, second, strict=True):
+        assert a.optimizer_state == b.optimizer_state
+        assert all(torch.equal(a.tensors[n], b.tensors[n]) for n in a.tensors)
+    for r in first:
+        moved = [n for n in r.tensors if not torch.equal(r.tensors[n], base.shard_tensors(r.shard)[n])]
+        assert len(moved) >= len(r.tensors) - 1, sorted(set(r.tensors) - set(moved))
+    manifest, manifest_cid, record = publish_version_content(store, spec, base, first, accepted, [], "count")
+    v1 = load_version(store, spec, 1, __import__("hashlib").sha256(manifest.canonical_bytes()).digest(), record.digest)
+    assert v1.record == record and v1.optimizer_state(0) == first[0].optimizer_state
+    masks0, masks1 = base.masks(), v1.masks()
+    assert any(not torch.equal(masks0[n], masks1[n]) for n in masks0)  # momentum now steers the mask
+    assert np.allclose(v1.shard_tensors(1)[manifest.shard_names(1)[0]].numpy(),
+                       first[1].tensors[manifest.shard_names(1)[0]].numpy())
+
+
+@pytest.mark.parametrize("attack", ["signature", "context"])
+def test_forged_or_misdirected_headers_are_rejected(tiny_run, attack):
+    from nacl.signing import SigningKey
+
+    from krill.payload.errors import ContextMismatchError, SignatureError
+    from krill.protocol.work import Identity
+
+    store, spec, base, workers = tiny_run
+    who = workers[2]
+    if attack == "signature":
+        who = Identity(who.chain_id, who.contract, who.worker, SigningKey(b"\x09" * 32))
+        header, files = _produce(spec, base, who, nonce=1)
+        with pytest.raises(SignatureError):
+            ctx = ExpectedContext(ed25519_key=bytes(workers[2].signing_key.verify_key).hex())
+            validate_contribution(header.encode(), files, spec.limits, ctx, _grad_lengths(base))
+    else:
+        header, files = _produce(spec, base, who, nonce=1)
+        with pytest.raises(ContextMismatchError):
+            validate_contribution(header.encode(), files, spec.limits, ExpectedContext(run_id="00" * 32),
+                                  _grad_lengths(base))
