@@ -100,26 +100,39 @@ class KeystoreConfig(_Section):
 class RunConfig(_Section):
     """Which training run this deployment takes part in."""
 
-    id: str = Field("krill-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
-                    description="Run identifier (hashed to the on-chain bytes32 run id).")
+    id: str | None = Field(None, pattern=r"^(0x)?[0-9a-fA-F]{64}$",
+                           description="On-chain run id (sha256 of the run spec), 64 hex digits.")
 
 
-class WorkerConfig(_Section):
+class _RoleSection(_Section):
+    poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to look at the chain for news.")
+    threads: int = Field(1, ge=1, le=256, description="torch threads (1 is fastest for tiny models on shared cores).")
+    max_backoff_s: float = Field(30.0, gt=0, le=3600, description="Longest wait between retries when chain or store fail.")
+    state_dir: Path | None = Field(None, description="Private working state; default $KRILL_HOME/<role>/<address>.")
+
+
+class WorkerConfig(_RoleSection):
     """Settings of `krill worker run`."""
 
-    behavior: str = Field("honest", description="Strategy; anything but 'honest' is an attack used in tests and benches.")
+    behavior: Literal["honest", "forge-rewards"] = Field(
+        "honest", description="Strategy; anything but 'honest' is an attack, for tests, demos and benchmarks.")
+    shards: list[int] | None = Field(None, description="Shards to compute gradients for; default all.")
+    max_contributions: int | None = Field(None, ge=1, description="Stop after this many commits (default: run on).")
+    stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill worker stake` deposits.")
 
 
-class VerifierConfig(_Section):
+class VerifierConfig(_RoleSection):
     """Settings of `krill verifier run`."""
 
-    check_probability: float | None = Field(None, gt=0, le=1, description="Override of the run's check probability.")
+    stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill verifier stake` deposits.")
 
 
-class CoordinatorConfig(_Section):
+class CoordinatorConfig(_RoleSection):
     """Settings of `krill coordinator run`."""
 
     shards: list[int] | None = Field(None, description="Shards this coordinator serves; default all.")
+    eval_every: int = Field(5, ge=0, le=100_000, description="Evaluate every this many versions (0: never).")
+    max_versions: int | None = Field(None, ge=1, description="Stop after publishing this version (default: run on).")
 
 
 class KrillConfig(_Section):

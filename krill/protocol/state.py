@@ -119,3 +119,32 @@ def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, rec
     elif manifest_cid != spec.base_manifest_cid:
         raise ModelError(f"base manifest {manifest_cid} differs from the run spec's {spec.base_manifest_cid}")
     return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store)
+
+
+def load_chain_version(chain, store, spec: RunSpec, version: int) -> VersionState:
+    """Version `version` of the run `spec` defines, located by the digests the chain holds."""
+    info = chain.version_of(spec.run_id, version)
+    if info.manifest_digest == b"\x00" * 32:
+        raise ModelError(f"version {version} of run {spec.run_id.hex()[:16]}… is not published")
+    record = None if version == 0 else info.record_digest
+    return load_version(store, spec, version, info.manifest_digest, record)
+
+
+def load_run(chain, store, run_id: bytes) -> RunSpec:
+    """The run spec of on-chain run `run_id`, checked to match the contract's parameters."""
+    from krill.errors import ConfigError
+    from krill.protocol.spec import load_spec
+
+    run = chain.run_of(run_id)
+    if not run.exists:
+        raise ConfigError(f"run {run_id.hex()} does not exist on the chain: check run.id")
+    spec = load_spec(store, run_id)
+    p, c = run.params, spec.chain
+    onchain = (p.max_staleness, p.attestation_quorum, p.slash_fraction_bps, p.verifier_bounty_bps,
+               p.check_probability_ppm, p.challenge_window_blocks, p.reward_per_version)
+    declared = (c.max_staleness, c.attestation_quorum, c.slash_fraction_bps, c.verifier_bounty_bps,
+                c.check_probability_ppm, c.challenge_window_blocks, c.reward_per_version)
+    if onchain != declared or spec.staleness.max_staleness != p.max_staleness:
+        raise ModelError(f"run {run_id.hex()[:16]}…: the spec's chain parameters {declared} differ from the "
+                         f"contract's {onchain}")
+    return spec

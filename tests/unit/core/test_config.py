@@ -14,13 +14,13 @@ def test_defaults_are_embedded_local():
 
 def test_precedence_file_env_flag(tmp_path: Path):
     path = tmp_path / "k.toml"
-    path.write_text('[chain]\nrpc_url = "http://file:1"\nretries = 2\n[run]\nid = "file-run"\n')
+    path.write_text('[chain]\nrpc_url = "http://file:1"\nretries = 2\n[run]\nid = "abababababababababababababababababababababababababababababababab"\n')
     cfg = load_config(path, environ={})
-    assert (cfg.chain.rpc_url, cfg.chain.retries, cfg.run.id) == ("http://file:1", 2, "file-run")
+    assert (cfg.chain.rpc_url, cfg.chain.retries, cfg.run.id) == ("http://file:1", 2, "abababababababababababababababababababababababababababababababab")
     cfg = load_config(path, environ={"KRILL_CHAIN__RETRIES": "7"})
     assert cfg.chain.retries == 7 and cfg.chain.rpc_url == "http://file:1"
-    cfg = load_config(path, ["chain.retries=9", "run.id=flag-run"], environ={"KRILL_CHAIN__RETRIES": "7"})
-    assert (cfg.chain.retries, cfg.run.id) == (9, "flag-run")
+    cfg = load_config(path, ["chain.retries=9", "run.id=0xcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"], environ={"KRILL_CHAIN__RETRIES": "7"})
+    assert (cfg.chain.retries, cfg.run.id) == (9, "0xcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd")
 
 
 def test_store_union_selected_by_type():
@@ -64,7 +64,7 @@ def test_masked_hides_every_secret():
 
 
 def test_write_then_load_round_trip(tmp_path):
-    cfg = load_config(None, ["chain.chain_id=31337", "keystore.password=pw", "run.id=r1"], environ={})
+    cfg = load_config(None, ["chain.chain_id=31337", "keystore.password=pw", "run.id=efefefefefefefefefefefefefefefefefefefefefefefefefefefefefefefef"], environ={})
     path = tmp_path / "out.toml"
     write_config(cfg, path)
     assert (path.stat().st_mode & 0o777) == 0o600

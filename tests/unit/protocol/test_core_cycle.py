@@ -11,8 +11,15 @@ from krill.protocol.policy import build_model, load_tokenizer
 from krill.protocol.record import AcceptedEntry
 from krill.protocol.state import load_version
 from krill.protocol.step import Submission, fold_version, publish_version_content
-from krill.protocol.work import (check_assignment, check_gradient, check_resample, check_rewards, learn, package,
-                                 sample)
+from krill.protocol.work import (
+    check_assignment,
+    check_gradient,
+    check_resample,
+    check_rewards,
+    learn,
+    package,
+    sample,
+)
 from krill.rl.engine.hf import HFEngine
 from krill.rl.tasks import get_task
 

@@ -1,0 +1,88 @@
+"""What every long-running role needs from its configuration: identity, chain, store, database, run.
+
+Design decisions:
+- One place turns a `KrillConfig` into live objects, so every role fails the same way with the
+  same advice: no keystore -> `krill keys new`; wrong password -> say so; no contract address ->
+  `krill devnet up` or set chain.protocol_address; no run id -> set run.id; chain unreachable ->
+  name the URL.
+- The password comes from the configuration (KRILL_KEYSTORE__PASSWORD) or, interactively, a prompt
+  that the CLI layer supplies; long-running roles never prompt on their own.
+- Heavy imports (web3, torch) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from krill.config import KrillConfig, krill_home
+from krill.errors import ChainUnavailableError, ConfigError, KeystoreError
+
+
+def unlock_identity(config: KrillConfig, prompt: Callable[[], str] | None = None):
+    """The participant's `krill.keystore.Identity`, unlocked with the configured password."""
+    from krill.keystore import resolve_keystore, unlock
+
+    path = resolve_keystore(config.keystore.path)
+    if config.keystore.password is not None:
+        password = config.keystore.password.get_secret_value()
+    elif prompt is not None:
+        password = prompt()
+    else:
+        raise KeystoreError(f"no password for keystore {path}: set KRILL_KEYSTORE__PASSWORD or keystore.password")
+    return unlock(path, password)
+
+
+def connect_chain(config: KrillConfig, account=None):
+    """A `KrillChain` client for the configured protocol, acting as `account` (None: read-only)."""
+    from krill.chain.client import KrillChain
+    from krill.chain.rpc import RetryPolicy, connect_http
+
+    if not config.chain.protocol_address:
+        raise ConfigError("chain.protocol_address is not set: run `krill devnet up` or set it in the config")
+    w3 = connect_http(config.chain.rpc_url, timeout_s=config.chain.request_timeout_s)
+    retry = RetryPolicy(attempts=config.chain.retries + 1)
+    try:
+        chain_id = w3.eth.chain_id
+    except Exception as exc:  # noqa: BLE001 - any transport failure means the same thing to the user
+        raise ChainUnavailableError(f"chain at {config.chain.rpc_url} is unreachable ({type(exc).__name__}): "
+                                    "is the node running? (`krill devnet status`)") from None
+    if config.chain.chain_id is not None and chain_id != config.chain.chain_id:
+        raise ConfigError(f"chain at {config.chain.rpc_url} has chain id {chain_id}, the config expects "
+                          f"{config.chain.chain_id}")
+    return KrillChain(w3, config.chain.protocol_address, account, retry)
+
+
+def open_configured_store(config: KrillConfig):
+    from krill.store.base import open_store
+
+    return open_store(config.store)
+
+
+def open_configured_database(config: KrillConfig):
+    from krill.db.session import open_database
+
+    Path(krill_home()).mkdir(parents=True, exist_ok=True)
+    return open_database(config.database.url)
+
+
+def run_id_of(config: KrillConfig) -> bytes:
+    """The configured on-chain run id as 32 bytes."""
+    if config.run.id is None:
+        raise ConfigError("run.id is not set: pass --set run.id=<64 hex digits> (printed by "
+                          "`krill coordinator create-run`)")
+    return bytes.fromhex(config.run.id.removeprefix("0x"))
+
+
+def role_state_dir(config: KrillConfig, role: str, address: str) -> Path:
+    """Private working state of one role instance (mode 0700)."""
+    section = getattr(config, role)
+    path = section.state_dir or (krill_home() / role / address.lower())
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
