@@ -1,30 +1,91 @@
 """`krill demo`: the embedded default, on one machine, cleaned up on exit (also on Ctrl-C).
 
-Today it starts its own Anvil on a free port, deploys the contracts and plays one scripted protocol
-round (stake, commit, attest, slash, publishVersion, settle, claim), printing what the chain says.
+By default it runs the whole protocol (see `krill.demo.orchestrate`): local chain, store and
+database, base model, a coordinator, workers (one forging rewards) and verifiers as separate
+processes, until a time or version budget, then the eval table, per-worker outcomes and the
+release CID. `--chain-round` instead plays one scripted contract round (stake, commit, attest,
+slash, publishVersion, settle, claim) and prints what the chain says: a quick smoke test of the
+chain layer.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
 
 
 @click.command()
-@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary as JSON here.")
-def demo(summary_path: str | None) -> None:
-    """Run Krill end to end on a local chain and print what the chain says."""
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary JSON here.")
+@click.option("--minutes", type=click.FloatRange(0.1, 600), default=12.0, show_default=True,
+              help="Training time budget after set-up.")
+@click.option("--versions", type=click.IntRange(1), default=400, show_default=True, help="Version budget.")
+@click.option("--workers", type=click.IntRange(1, 16), default=4, show_default=True, help="Worker processes.")
+@click.option("--adversaries", type=click.IntRange(0, 16), default=1, show_default=True,
+              help="How many workers forge their rewards.")
+@click.option("--verifiers", type=click.IntRange(1, 8), default=2, show_default=True, help="Verifier processes.")
+@click.option("--workdir", type=click.Path(file_okay=False), help="Work directory (default: a new one under $KRILL_HOME/demo).")
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False, exists=True),
+              help="TOML file of run-spec overrides for the demo's run.")
+@click.option("--chain-round", is_flag=True, help="Only play one scripted contract round and print what the chain says.")
+def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workdir, spec_file, chain_round) -> None:
+    """Run Krill end to end on this machine and print the outcome."""
     from rich.console import Console
+
+    console = Console()
+    if chain_round:
+        summary = _chain_round(console)
+    else:
+        import tomllib
+
+        from krill.config import krill_home
+        from krill.demo.orchestrate import DemoConfig, run_demo
+        from krill.errors import ConfigError
+
+        if adversaries > workers:
+            raise ConfigError(f"--adversaries {adversaries} exceeds --workers {workers}")
+        overrides = tomllib.loads(Path(spec_file).read_text()) if spec_file else {}
+        config = DemoConfig(workers=workers, adversaries=adversaries, verifiers=verifiers, minutes=minutes,
+                            versions=versions, spec_overrides=overrides)
+        where = Path(workdir) if workdir else krill_home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
+        console.print(f"[bold]krill demo[/bold] in {where}")
+        summary = run_demo(config, where, echo=lambda line: console.print(line, highlight=False))
+        _print_summary(console, summary)
+    if summary_path:
+        Path(summary_path).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+
+
+def _print_summary(console, summary: dict) -> None:
+    from rich.table import Table
+
+    evals = Table(title="evaluation (greedy accuracy, held-out prompts)")
+    for col in ("model", "accuracy"):
+        evals.add_column(col)
+    evals.add_row("base (version 0)", f"{summary['base_accuracy']:.3f}")
+    evals.add_row(f"post-trained (version {summary['versions']})", f"{summary['final_accuracy']:.3f}")
+    console.print(evals)
+    table = Table(title="workers")
+    for col in ("name", "behavior", "accepted", "rejected", "slashed", "trust", "rewards"):
+        table.add_column(col)
+    for w in summary["workers"]:
+        table.add_row(w["name"], w["behavior"], str(w["accepted"]), str(w["rejected"]), str(w["slashed"]),
+                      f"{w['trust']:.3f}" if w["trust"] is not None else "-", f"{w['rewards']:.2f}")
+    console.print(table)
+    v = summary["verifications"]
+    console.print(f"verifications: {v['checked']} checked, {v['failed']} failed; "
+                  f"release CID [bold]{summary['release_cid']}[/bold]; wall time {summary['wall_seconds'] / 60:.1f} min")
+
+
+def _chain_round(console) -> dict:
     from rich.table import Table
 
     from krill.chain.anvil import AnvilProcess
     from krill.demo.scripted_round import run_scripted_round
 
-    console = Console()
     with AnvilProcess.start() as node:
-        console.print(f"[bold]krill demo[/bold]: local chain at {node.rpc_url} (Anvil pid {node.pid})")
+        console.print(f"[bold]krill demo --chain-round[/bold]: local chain at {node.rpc_url} (Anvil pid {node.pid})")
         report = run_scripted_round(node.rpc_url, echo=lambda step, text: console.print(f"  [cyan]{step:9}[/cyan] {text}"))
     table = Table(title="what the chain says")
     table.add_column("field")
@@ -32,5 +93,4 @@ def demo(summary_path: str | None) -> None:
     for key, value in report.summary.items():
         table.add_row(key, str(value))
     console.print(table)
-    if summary_path:
-        Path(summary_path).write_text(json.dumps(report.summary, indent=2), encoding="utf-8")
+    return report.summary

@@ -31,7 +31,7 @@ def test_devnet_up_status_down_is_idempotent_and_configures_later_commands():
 
 def test_demo_plays_a_round_and_the_chain_confirms_it(tmp_path):
     summary = tmp_path / "s.json"
-    result = CliRunner().invoke(cli, ["demo", "--summary", str(summary)])
+    result = CliRunner().invoke(cli, ["demo", "--chain-round", "--summary", str(summary)])
     assert result.exit_code == 0, result.output
     data = json.loads(summary.read_text())
     assert data["commits"] == 2 and data["latest_version"] == 1

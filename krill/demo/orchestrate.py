@@ -1,0 +1,243 @@
+"""`krill demo`: the whole protocol on one machine, from an empty directory to a released model.
+
+Design decisions:
+- Real parts only: a real Anvil node, the local content store, SQLite, the compiled contracts, and
+  every role as its own OS process driven through the same CLI an operator uses. The demo holds no
+  protocol logic; it provisions, starts, watches, stops and reports.
+- Participants are devnet accounts with keystores made on the spot (fast KDF, a demo password
+  passed through the environment): the coordinator is the deploying admin (account 0), workers
+  and verifiers the next accounts. Worker `adversary` (by default the last) forges its rewards.
+- Progress comes from public data (the chain and the index the coordinator keeps), as an auditor
+  would see it; the final accuracy and the release come from `krill release`.
+- The base model is built (or reused) in the user's KRILL_HOME model cache, so repeated demos do
+  not rebuild it; everything else lives in a fresh work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from krill.errors import KrillError
+
+DEMO_PASSWORD = "krill-demo"
+TOKEN = 10**18
+
+
+class DemoConfig(BaseModel):
+    """What `krill demo` varies."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(4, ge=1, le=16, description="Worker processes.")
+    adversaries: int = Field(1, ge=0, le=16, description="How many of the workers forge rewards (the last ones).")
+    verifiers: int = Field(2, ge=1, le=8, description="Verifier processes.")
+    minutes: float = Field(12.0, gt=0, le=600, description="Training time budget (after set-up).")
+    versions: int = Field(400, ge=1, description="Version budget: the coordinator stops after this version.")
+    shards: int = Field(2, ge=1, le=16, description="Model shards.")
+    eval_every: int = Field(10, ge=1, description="Coordinator evaluates every this many versions.")
+    spec_overrides: dict = Field(default_factory=dict, description="Run-spec fields for create-run (TOML table).")
+
+
+@dataclass
+class DemoRun:
+    workdir: Path
+    rpc_url: str = ""
+    run_id: str = ""
+    configs: dict[str, Path] = field(default_factory=dict)
+    behaviors: dict[str, str] = field(default_factory=dict)  # address -> behaviour
+    names: dict[str, str] = field(default_factory=dict)  # address -> process name
+
+
+def _write_role_config(path: Path, *, rpc_url: str, deployment, store: Path, db_url: str, keystore: Path,
+                       run_id: str | None, extra: dict) -> None:
+    import tomli_w
+
+    data = {
+        "chain": {"rpc_url": rpc_url, "chain_id": deployment.chain_id, "protocol_address": deployment.protocol,
+                  "token_address": deployment.token, "deploy_block": deployment.block_number},
+        "store": {"type": "local", "path": str(store)},
+        "database": {"url": db_url},
+        "keystore": {"path": str(keystore)},
+        **({"run": {"id": run_id}} if run_id else {}),
+        **extra,
+    }
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+
+
+def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> dict:
+    """Run the demo in `workdir`; returns the summary (also written to workdir/summary.json)."""
+    from krill.chain.anvil import AnvilProcess
+    from krill.chain.devnet import provision
+    from krill.chain.rpc import dev_accounts
+    from krill.demo.processes import ProcessGroup
+    from krill.keystore import KdfCost, create_keystore
+    from krill.model.base import ensure_base_model
+
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    home = workdir / "home"
+    env = {**os.environ, "KRILL_HOME": str(home), "KRILL_KEYSTORE__PASSWORD": DEMO_PASSWORD}
+    env.pop("KRILL_CONFIG", None)
+    run = DemoRun(workdir)
+
+    echo("building (or reusing) the base model ...")
+    model_dir = ensure_base_model(progress=lambda step, loss, acc: echo(
+        f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
+
+    with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log") as node, \
+            ProcessGroup(workdir / "logs", env) as procs:
+        run.rpc_url = node.rpc_url
+        deployment = provision(node.rpc_url)
+        echo(f"chain {node.rpc_url} (Anvil pid {node.pid}); KrillProtocol {deployment.protocol}")
+        n = 1 + config.workers + config.verifiers
+        accounts = dev_accounts(n)
+        roles = [("coordinator", "coordinator")] + [("worker", f"worker-{i}") for i in range(config.workers)] + \
+                [("verifier", f"verifier-{i}") for i in range(config.verifiers)]
+        db_url = f"sqlite:///{workdir / 'krill.db'}"
+        keystores = {}
+        for (role, name), account in zip(roles, accounts, strict=True):
+            info = create_keystore(name, DEMO_PASSWORD, directory=workdir / "keys", private_key=bytes(account.key),
+                                   cost=KdfCost.FAST, overwrite=True)
+            keystores[name] = info.path
+            run.names[account.address.lower()] = name
+            if role == "worker":
+                adversary = int(name.split("-")[1]) >= config.workers - config.adversaries
+                run.behaviors[account.address.lower()] = "forge-rewards" if adversary else "honest"
+
+        def write_configs(run_id: str | None) -> None:
+            for role, name in roles:
+                extra = {"coordinator": {"eval_every": config.eval_every, "max_versions": config.versions}} \
+                    if role == "coordinator" else {}
+                path = workdir / f"{name}.toml"
+                _write_role_config(path, rpc_url=node.rpc_url, deployment=deployment, store=workdir / "store",
+                                   db_url=db_url, keystore=keystores[name], run_id=run_id, extra=extra)
+                run.configs[name] = path
+
+        write_configs(None)
+        echo("creating the run (publishing the base model and run spec) ...")
+        spec_file = workdir / "spec.toml"
+        import tomli_w
+
+        spec_file.write_text(tomli_w.dumps(config.spec_overrides), encoding="utf-8")
+        out = procs.run("create-run", ["--config", str(run.configs["coordinator"]), "coordinator", "create-run",
+                                       "--name", "krill-demo", "--shards", str(config.shards), "--model",
+                                       str(model_dir), "--spec", str(spec_file), "--json"])
+        run.run_id = _last_json(out)["run_id"]
+        write_configs(run.run_id)
+        echo(f"run {run.run_id}")
+        for role, name in roles[1:]:
+            procs.run(f"stake-{name}", ["--config", str(run.configs[name]), role, "stake"])
+        echo(f"staked {config.workers} workers ({config.adversaries} forging rewards) and {config.verifiers} verifiers")
+
+        coordinator = procs.krill("coordinator", ["--config", str(run.configs["coordinator"]), "coordinator", "run"])
+        for role, name in roles[1:]:
+            args = ["--config", str(run.configs[name]), role, "run"]
+            if role == "worker":
+                address = next(a for a, nm in run.names.items() if nm == name)
+                args += ["--behavior", run.behaviors[address]]
+            procs.krill(name, args)
+        train_started = time.monotonic()
+        deadline = train_started + 60 * config.minutes
+        watcher = ProgressWatcher(db_url, run.run_id, echo)
+        while time.monotonic() < deadline and coordinator.running():
+            watcher.poll()
+            dead = [c for c in procs.children if c.name.split("-")[0] in ("worker", "verifier") and not c.running()]
+            if dead:
+                raise KrillError(f"{dead[0].name} stopped unexpectedly:\n{dead[0].tail()}")
+            time.sleep(2.0)
+        watcher.poll()
+        if not coordinator.running() and coordinator.popen.returncode not in (0, None):
+            raise KrillError(f"the coordinator failed:\n{coordinator.tail()}")
+        procs.stop_all()
+        train_seconds = time.monotonic() - train_started
+
+        summary = collect_summary(db_url, run)
+        final = summary["versions"]
+        echo(f"training stopped after {train_seconds / 60:.1f} min at version {final}; releasing ...")
+        out = procs.run("release", ["--config", str(run.configs["coordinator"]), "release", "--version", str(final),
+                                    "--out", str(workdir / "release"), "--json"], timeout=900)
+        release = _last_json(out)
+        summary.update(base_accuracy=release["evals"]["base"]["accuracy"],
+                       final_accuracy=release["evals"]["final"]["accuracy"], release_cid=release["cid"],
+                       wall_seconds=round(time.monotonic() - started, 1), train_seconds=round(train_seconds, 1),
+                       run_id=run.run_id, workdir=str(workdir))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary
+
+
+def _last_json(output: str) -> dict:
+    for line in reversed(output.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise KrillError(f"expected a JSON line in the output:\n{output[-2000:]}")
+
+
+class ProgressWatcher:
+    """One line per newly published version, read from the shared index."""
+
+    def __init__(self, db_url: str, run_id: str, echo: Callable[[str], None]):
+        self.db_url, self.run_id, self.echo = db_url, run_id.removeprefix("0x").lower(), echo
+        self.shown = -1
+        self.db = None
+
+    def poll(self) -> None:
+        from sqlalchemy import func, select
+
+        from krill.db.models import Contribution, ContributionStatus, Eval, Metric, Slash, Verdict
+        from krill.db.session import open_database
+
+        if self.db is None:
+            self.db = open_database(self.db_url)
+        with self.db.session() as s:
+            rows = s.execute(select(Metric).where(Metric.run_id == self.run_id, Metric.version > self.shown)
+                             .order_by(Metric.version)).scalars().all()
+            for m in rows:
+                ev = s.execute(select(Eval.accuracy).where(Eval.run_id == self.run_id, Eval.version == m.version)
+                               ).scalar_one_or_none()
+                rejected = s.scalar(select(func.count()).select_from(Contribution).where(
+                    Contribution.run_id == self.run_id, Contribution.status == ContributionStatus.REJECTED)) or 0
+                verdicts = s.scalar(select(func.count()).select_from(Verdict)) or 0
+                failed = s.scalar(select(func.count()).select_from(Verdict).where(Verdict.ok.is_(False))) or 0
+                slashes = s.scalar(select(func.count()).select_from(Slash)) or 0
+                acc = f"{ev:.3f}" if ev is not None else "  -  "
+                self.echo(f"v{m.version:4d}  accepted {m.accepted:2d}  reward {m.mean_reward or 0:.3f}  eval {acc}  "
+                          f"staleness {m.mean_staleness or 0:.2f}  rejected(total) {rejected}  verdicts {verdicts} "
+                          f"(failed {failed})  slashes {slashes}")
+                self.shown = m.version
+
+
+def collect_summary(db_url: str, run: DemoRun) -> dict:
+    """Per-worker outcomes and verification counts, from the index."""
+    from sqlalchemy import func, select
+
+    from krill.db.models import Contribution, ContributionStatus, Participant, Run, Slash, Verdict
+    from krill.db.session import open_database
+
+    run_id = run.run_id.removeprefix("0x").lower()
+    with open_database(db_url) as db, db.session() as s:
+        latest = s.execute(select(Run.latest_version).where(Run.run_id == run_id)).scalar_one()
+        workers = []
+        for address, behavior in sorted(run.behaviors.items(), key=lambda kv: run.names[kv[0]]):
+            p = s.get(Participant, address)
+
+            def count(status, address=address):
+                return s.scalar(select(func.count()).select_from(Contribution).where(
+                    Contribution.run_id == run_id, Contribution.worker == address, Contribution.status == status)) or 0
+
+            slashed = s.scalar(select(func.count()).select_from(Slash).where(Slash.worker == address)) or 0
+            workers.append({"name": run.names[address], "address": address, "behavior": behavior,
+                            "accepted": count(ContributionStatus.ACCEPTED), "rejected": count(ContributionStatus.REJECTED),
+                            "slashed": slashed, "jailed": bool(p.jailed) if p else False,
+                            "trust": round(p.trust, 4) if p else None,
+                            "rewards": (p.rewards_credited / TOKEN) if p else 0.0})
+        checked = s.scalar(select(func.count()).select_from(Verdict)) or 0
+        failed = s.scalar(select(func.count()).select_from(Verdict).where(Verdict.ok.is_(False))) or 0
+    return {"versions": int(latest), "workers": workers, "verifications": {"checked": checked, "failed": failed}}

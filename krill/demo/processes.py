@@ -1,0 +1,99 @@
+"""Child processes of the demo: started with their own logs, always stopped by PID.
+
+Design decisions:
+- Each role runs as a separate OS process (`python -m krill.cli <role> ...`), exactly as a real
+  deployment runs it; the demo only starts, watches and stops them.
+- Children get their own process group, so a Ctrl-C in the terminal reaches the demo alone; the
+  demo then stops every child it started (SIGTERM, then SIGKILL after a grace period) and nothing
+  else. `ProcessGroup` is a context manager, and an atexit hook covers interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from krill.chain.anvil import stop_pid
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class ProcessGroup:
+    """The children of one demo run."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]):
+        self.log_dir = log_dir
+        self.env = env
+        self.children: list[Child] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop_all)
+
+    def krill(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
+        """Start `krill <args>` as a child named `name` (log in log_dir/name.log)."""
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen([sys.executable, "-m", "krill.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env={**self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                                     start_new_session=True)
+        child = Child(name, popen, log_path)
+        self.children.append(child)
+        return child
+
+    def run(self, name: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> str:
+        """Run `krill <args>` to completion; returns its output or raises with the log's tail."""
+        from krill.errors import KrillError
+
+        child = self.krill(name, args, env)
+        try:
+            child.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop_pid(child.pid, 5.0, child.popen)
+            raise KrillError(f"`krill {' '.join(args)}` did not finish in {timeout:.0f}s; see {child.log_path}") from None
+        if child.popen.returncode != 0:
+            raise KrillError(f"`krill {' '.join(args)}` failed (exit {child.popen.returncode}):\n{child.tail()}")
+        return child.log_path.read_text(errors="replace")
+
+    def stop(self, child: Child, grace: float = 10.0) -> None:
+        if child.running():
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + grace
+            while child.running() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        stop_pid(child.pid, 1.0, child.popen)
+
+    def stop_all(self) -> None:
+        for child in reversed(self.children):
+            self.stop(child, grace=5.0)
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
