@@ -30,6 +30,7 @@ CORE_COMMANDS: dict[str, str] = {
     "store": "krill.commands.store_cmd:store",
     "model": "krill.commands.model_cmd:model",
     "eval": "krill.commands.eval_cmd:eval_",
+    "train": "krill.commands.train_cmd:train",
 }
 ROLE_GROUP = "krill.commands"
 
