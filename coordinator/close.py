@@ -1,0 +1,159 @@
+"""When version t = latest + 1 closes, and what goes into it; the decision is journalled before anything is published.
+
+Design decisions:
+- A version closes when the eligible accepted contributions reach `spec.version.contributions`
+  (closed_by = "count"), or when `spec.version.deadline_s` passed since the previous version was
+  published (block time) and at least `min_contributions` are eligible ("deadline").
+- Eligibility is decided at close, since trust and jail change with verdicts between ingest and
+  close: each accepted, not yet folded contribution is weighed (`trust.weigh`) for version t;
+  those that became stale, jailed or fell below the trust floor are rejected now, with the reason.
+- The decision takes contributions in commit-id order (deterministic), at most
+  `MAX_ACCEPTED_PER_VERSION` of them (the rest wait for the next version), plus every rejection
+  not yet named in a record (at most `MAX_REJECTED_PER_RECORD`), so the record stays one block.
+- One write transaction stores the journal row and marks the contributions as folded into t
+  (`aggregated_version`, weight, trust, staleness): after it, a crash cannot lose or double-apply
+  any of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from krill.coordinator.journal import DecisionState, VersionDecision
+from sqlalchemy import select
+
+from krill.db.models import (
+    ChainEventRow,
+    Contribution,
+    ContributionStatus,
+    Participant,
+    RejectionCode,
+    Version,
+)
+from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
+
+MAX_ACCEPTED_PER_VERSION = 200
+MAX_REJECTED_PER_RECORD = 100
+
+
+def closing_reason(spec, eligible: int, since_publish_s: float | None) -> str | None:
+    """'count', 'deadline' or None (keep collecting)."""
+    if eligible >= spec.version.contributions:
+        return "count"
+    if since_publish_s is not None and since_publish_s >= spec.version.deadline_s \
+            and eligible >= spec.version.min_contributions:
+        return "deadline"
+    return None
+
+
+def published_at(ctx, version: int) -> float | None:
+    """Block time at which `version` was published (version 0: the run's creation), from the index."""
+    with ctx.db.session() as s:
+        tx = s.scalar(select(Version.published_tx).where(Version.run_id == ctx.run_hex, Version.version == version))
+        if tx is None:
+            return None
+        return s.scalar(select(ChainEventRow.block_time).where(ChainEventRow.tx_hash == tx).limit(1))
+
+
+def completion_tokens(rollouts) -> int:
+    return int((np.diff(rollouts.offsets) - rollouts.prompt_lengths).sum())
+
+
+def accepted_entry(commit_id: int, worker: str, contribution, weighing):
+    from krill.protocol.record import AcceptedEntry
+
+    h, r = contribution.header, contribution.rollouts
+    mean_reward = float(np.float32(r.rewards.mean())) if r.n_sequences else 0.0
+    return AcceptedEntry(commit_id=commit_id, worker=worker, header_digest=h.digest.hex(),
+                         model_version=h.model_version, behaviour_version=h.behaviour_version,
+                         staleness=weighing.staleness, trust=repr(float(weighing.trust)),
+                         weight=repr(float(weighing.weight)), shards=sorted(contribution.gradients),
+                         mean_reward=repr(mean_reward), tokens=completion_tokens(r))
+
+
+def load_contribution(ctx, commit_id: int, worker: str, version: int):
+    """The validated contribution of an accepted commit (from the cache, else fetched again)."""
+    from krill.coordinator.ingest import CommitView, fetch_and_validate
+
+    from krill.db.models import Commit
+
+    cached = ctx.recall(commit_id)
+    if cached is not None:
+        return cached
+    with ctx.db.session() as s:
+        c = s.get(Commit, commit_id)
+        view = CommitView(commit_id, worker, version, c.header_digest, c.worker_key, None, False)
+    contribution = fetch_and_validate(ctx, view)
+    ctx.remember(commit_id, contribution)
+    return contribution
+
+
+@dataclass
+class Decision:
+    version: int
+    closed_by: str
+    accepted: list[dict]
+    rejected: list[dict]
+    window_s: float
+
+
+def decide(ctx, version: int, now: float | None = None) -> Decision | None:
+    """Close `version` if it is time; journal the decision and return it (None: keep collecting)."""
+    from krill.coordinator.trust import Standing, weigh
+
+    from krill.protocol.record import RejectedEntry
+
+    now = time.time() if now is None else now
+    with ctx.db.session() as s:
+        waiting = list(s.scalars(select(Contribution).where(
+            Contribution.run_id == ctx.run_hex, Contribution.status == ContributionStatus.ACCEPTED,
+            Contribution.aggregated_version.is_(None)).order_by(Contribution.commit_id)))
+        workers = {c.worker for c in waiting}
+        standing = {p.address: Standing(p.checks_passed, p.checks_failed, p.jailed) for p in s.scalars(
+            select(Participant).where(Participant.address.in_(workers)))} if workers else {}
+    eligible, late = [], []
+    for row in waiting:
+        w = weigh(ctx.spec, standing.get(row.worker, Standing(0, 0, False)), version, row.version)
+        (eligible if w.weight is not None else late).append((row, w))
+    previous = published_at(ctx, version - 1)
+    since = None if previous is None else now - previous
+    closed_by = closing_reason(ctx.spec, len(eligible), since)
+    if closed_by is None:
+        return None
+    entries, lost = [], []
+    for row, w in eligible[:MAX_ACCEPTED_PER_VERSION]:
+        try:
+            contribution = load_contribution(ctx, row.commit_id, row.worker, row.version)
+        except (ContentNotFoundError, IntegrityError, PayloadError) as exc:
+            lost.append((row, RejectionCode.UNAVAILABLE, f"content no longer retrievable at close: {exc}"[:500]))
+            continue
+        entries.append((row, w, accepted_entry(row.commit_id, row.worker, contribution, w)))
+    with ctx.db.write() as s:
+        if not entries:  # everything eligible vanished from the store: record why, close later
+            for row, code, reason in lost:
+                c = s.get(Contribution, row.commit_id)
+                c.status, c.reason_code, c.reason = ContributionStatus.REJECTED, code, reason
+            return None
+        if s.get(VersionDecision, (ctx.run_hex, version)) is not None:
+            return None  # decided already (by an earlier pass): the journal is the truth
+        for row, code, reason in lost + [(r, w.code, w.reason) for r, w in late]:
+            c = s.get(Contribution, row.commit_id)
+            c.status, c.reason_code, c.reason, c.trust = ContributionStatus.REJECTED, code, reason, None
+        for row, w, _ in entries:
+            c = s.get(Contribution, row.commit_id)
+            c.aggregated_version, c.weight, c.trust, c.staleness = version, w.weight, w.trust, w.staleness
+        s.flush()
+        unrecorded = list(s.scalars(select(Contribution).where(
+            Contribution.run_id == ctx.run_hex, Contribution.status == ContributionStatus.REJECTED,
+            Contribution.aggregated_version.is_(None)).order_by(Contribution.commit_id).limit(MAX_REJECTED_PER_RECORD)))
+        rejected = []
+        for c in unrecorded:
+            c.aggregated_version = version  # named in this version's record
+            rejected.append(RejectedEntry(commit_id=c.commit_id, worker=c.worker, reason_code=c.reason_code.value,
+                                          reason=c.reason or "").model_dump(mode="json"))
+        accepted = [e.model_dump(mode="json") for _, _, e in entries]
+        s.add(VersionDecision(run_id=ctx.run_hex, version=version, state=DecisionState.DECIDED, closed_by=closed_by,
+                              accepted=accepted, rejected=rejected, decided_at=now, window_s=since or 0.0))
+    return Decision(version, closed_by, accepted, rejected, since or 0.0)

@@ -1,0 +1,99 @@
+"""What every coordinator step works on: the run, the chain, the store, the database, and caches.
+
+Design decisions:
+- One small object (`RunContext`) carries the live connections and the run spec, so the steps
+  (ingest, close, publish, settle, slash) are plain functions of it and easy to test one by one.
+- Version states are cached per version: their tensors, optimizer states and masks are immutable
+  once published, and the masks of a learner version are needed for every contribution at it.
+- Validated contributions are cached in memory by commit id (their gradients are what the fold
+  consumes); after a restart the cache is empty and they are fetched and validated again, which
+  gives the same values because everything is content-addressed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+MAX_CACHED_CONTRIBUTIONS = 512
+
+
+@dataclass
+class RunContext:
+    chain: object                 # KrillChain acting as the run's coordinator
+    store: object                 # ContentStore
+    db: object                    # krill.db.Database
+    spec: object                  # RunSpec
+    chain_id: int
+    shards: list[int] | None = None
+    _states: dict[int, object] = field(default_factory=dict, repr=False)
+    _contributions: OrderedDict = field(default_factory=OrderedDict, repr=False)
+
+    @property
+    def run_id(self) -> bytes:
+        return self.spec.run_id
+
+    @property
+    def run_hex(self) -> str:
+        return self.spec.run_id.hex()
+
+    @property
+    def contract(self) -> str:
+        return self.chain.address.lower()
+
+    def state(self, version: int):
+        """The public state of published `version` (cached)."""
+        from krill.protocol.state import load_chain_version
+
+        if version not in self._states:
+            self._states[version] = load_chain_version(self.chain, self.store, self.spec, version)
+            for old in [v for v in self._states if v < version - self.spec.chain.max_staleness - 2]:
+                del self._states[old]
+        return self._states[version]
+
+    def grad_lengths(self, version: int) -> dict[int, dict[str, int]]:
+        """Per shard, the mask length of each tensor of a gradient computed at `version`."""
+        state = self.state(version)
+        masks = state.masks()
+        return {s: {n: int(masks[n].numel()) for n in state.manifest.shard_names(s)}
+                for s in range(state.manifest.num_shards)}
+
+    def remember(self, commit_id: int, contribution) -> None:
+        self._contributions[commit_id] = contribution
+        while len(self._contributions) > MAX_CACHED_CONTRIBUTIONS:
+            self._contributions.popitem(last=False)
+
+    def recall(self, commit_id: int):
+        return self._contributions.get(commit_id)
+
+    def forget(self, commit_id: int) -> None:
+        self._contributions.pop(commit_id, None)
+
+
+def open_run_context(config, stack, shards: list[int] | None = None) -> RunContext:
+    """Connect to chain, store and database as configured and load the run (coordinator identity)."""
+    from krill.coordinator.create_run import saved_run_id
+
+    from krill.errors import ConfigError
+    from krill.protocol.state import load_run
+    from krill.runtime import connect_chain, open_configured_database, open_configured_store, unlock_identity
+
+    identity = unlock_identity(config)
+    chain = connect_chain(config, identity.account)
+    run_hex = config.run.id or saved_run_id()
+    if run_hex is None:
+        raise ConfigError("run.id is not set and no run was created here: run `krill coordinator create-run` "
+                          "or pass --set run.id=<64 hex digits>")
+    run_id = bytes.fromhex(run_hex.removeprefix("0x"))
+    store = stack.enter_context(open_configured_store(config))
+    db = stack.enter_context(open_configured_database(config))
+    spec = load_run(chain, store, run_id)
+    coordinator = chain.run_of(run_id).params.coordinator.lower()
+    if coordinator != chain.sender.lower():
+        raise ConfigError(f"run {run_hex[:16]}… is coordinated by {coordinator}, this keystore is "
+                          f"{chain.sender.lower()}: use the coordinator's keystore")
+    served = shards if shards is not None else config.coordinator.shards
+    if served is not None and any(not 0 <= s < spec.num_shards for s in served):
+        raise ConfigError(f"--shards {served}: the run has shards 0..{spec.num_shards - 1}")
+    return RunContext(chain=chain, store=store, db=db, spec=spec, chain_id=int(chain.w3.eth.chain_id),
+                      shards=sorted(set(served)) if served is not None else None)

@@ -1,0 +1,210 @@
+"""Ingest: every commit of the run is fetched, validated and decided accepted or rejected, with a reason.
+
+Design decisions:
+- The index (`krill.db.Indexer`) says which commits exist; this module gives each one a row in the
+  role-state `contributions` table: pending, accepted (valid, waiting to be folded) or rejected
+  with a `RejectionCode` and a message naming the failing field. Nothing is silently dropped:
+  every commit of the run ends in a row, and every rejection also goes into the next version's
+  aggregation record.
+- Validation is the core's (`validate_contribution`), cheapest checks first, against the context
+  the chain gives: run, chain id, contract, worker, the worker's staked Ed25519 key at commit
+  time, the committed version and its manifest CID, and the committed digest; gradients must
+  have the lengths of that version's public masks. The header is checked before any file is
+  fetched, so a forged header costs one small read.
+- Payload errors map to codes: a key other than the staked one -> unknown_key; a signature that
+  does not verify -> bad_signature; bytes that contradict the signed header or the digest ->
+  digest_mismatch; anything else undecodable or inconsistent -> malformed_payload.
+- Missing content is not a verdict on the worker yet: the commit stays pending and is retried on
+  each pass until `spec.version.deadline_s` after its commit block, then it is rejected as
+  unavailable. A store outage (unreachable, not merely missing) propagates to the loop, which
+  backs off; it never turns into rejections.
+- Staleness, jail and the trust floor are re-checked when a version closes (trust changes with
+  verdicts), but a commit already too stale for the next version is rejected here at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import or_, select
+
+from krill.db.models import (
+    ChainEventRow,
+    Commit,
+    Contribution,
+    ContributionStatus,
+    Participant,
+    RejectionCode,
+)
+from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
+from krill.payload import errors as pe
+
+_CODES: tuple[tuple[type[PayloadError], RejectionCode], ...] = (
+    (pe.DigestMismatchError, RejectionCode.DIGEST_MISMATCH),
+    (pe.SignatureError, RejectionCode.BAD_SIGNATURE),
+)
+
+
+def rejection_code(exc: PayloadError) -> RejectionCode:
+    """The RejectionCode of a payload error."""
+    if isinstance(exc, pe.SignatureError) and exc.field == "header.ed25519_key" and "different" in str(exc):
+        return RejectionCode.UNKNOWN_KEY
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return RejectionCode.MALFORMED_PAYLOAD
+
+
+@dataclass
+class Outcome:
+    """What examining one commit concluded."""
+
+    status: ContributionStatus
+    code: RejectionCode | None = None
+    reason: str | None = None
+    contribution: object | None = None  # krill.payload.contribution.Contribution when accepted
+    bytes_received: int = 0
+
+
+@dataclass
+class IngestReport:
+    accepted: int = 0
+    rejected: int = 0
+    pending: int = 0
+    bytes_received: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommitView:
+    """The facts of one commit the coordinator validates against (from the index)."""
+
+    commit_id: int
+    worker: str
+    version: int
+    header_digest: str
+    worker_key: str | None
+    block_time: int | None
+    jailed: bool
+
+
+def _reject(code: RejectionCode, reason: str) -> Outcome:
+    return Outcome(ContributionStatus.REJECTED, code, reason[:500])
+
+
+def fetch_and_validate(ctx, commit: CommitView):
+    """The validated contribution of `commit`; PayloadError if it is invalid, ContentNotFoundError if
+    some part is not in the store (yet)."""
+    from krill.payload.contribution import ExpectedContext, check_context, validate_contribution
+    from krill.payload.header import ROLLOUTS_FILE, decode_header
+    from krill.store.cid import digest_to_cid
+
+    limits = ctx.spec.limits
+    digest = bytes.fromhex(commit.header_digest)
+    header_bytes = ctx.store.get(digest_to_cid(digest), max_bytes=limits.max_header_bytes)
+    state = ctx.state(commit.version)
+    expected = ExpectedContext(run_id=ctx.run_hex, chain_id=ctx.chain_id, contract=ctx.contract,
+                               worker=commit.worker, ed25519_key=commit.worker_key, model_version=commit.version,
+                               manifest_cid=state.manifest_cid, digest=digest)
+    if hashlib.sha256(header_bytes).digest() != digest:
+        raise pe.DigestMismatchError("header bytes do not hash to the committed digest", field="header")
+    header = decode_header(header_bytes, limits, verify=False)
+    check_context(header, expected)
+    header.verify(commit.worker_key)
+    files = {}
+    for name, ref in sorted(header.files.items()):
+        cap = limits.max_rollout_bytes if name == ROLLOUTS_FILE else limits.max_grad_bytes
+        if ref.size > cap:
+            raise pe.PayloadTooLargeError(f"{ref.size} bytes, over the cap of {cap}", field=f"{name}.size")
+        try:
+            files[name] = ctx.store.get(ref.cid, max_bytes=ref.size)
+        except IntegrityError as exc:  # the store refused bytes not matching the CID the worker signed
+            raise pe.DigestMismatchError(f"content under {ref.cid} does not match it: {exc}", field=name) from None
+    return validate_contribution(header_bytes, files, limits, expected, ctx.grad_lengths(commit.version))
+
+
+def contribution_bytes(contribution) -> int:
+    """Bytes a contribution occupies on the wire: header + every file it names."""
+    header = contribution.header
+    return len(header.encode()) + sum(ref.size for ref in header.files.values())
+
+
+def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
+    """Decide one commit: accepted, rejected (with a code), or still pending."""
+    from krill.store.unixfs import ObjectTooLargeError
+
+    if commit.jailed:
+        return _reject(RejectionCode.JAILED, "the worker is jailed (a commit was slashed)")
+    if commit.worker_key is None:
+        return _reject(RejectionCode.UNKNOWN_KEY, "the worker had no staked Ed25519 key when it committed")
+    staleness = next_version - 1 - commit.version
+    if staleness > ctx.spec.staleness.max_staleness:
+        return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
+                                            f"{ctx.spec.staleness.max_staleness} for version {next_version}")
+    try:
+        contribution = fetch_and_validate(ctx, commit)
+    except ObjectTooLargeError as exc:
+        return _reject(RejectionCode.MALFORMED_PAYLOAD, f"too large: {exc}")
+    except PayloadError as exc:
+        return _reject(rejection_code(exc), f"{type(exc).__name__}: {exc}")
+    except (ContentNotFoundError, IntegrityError) as exc:
+        waited = None if commit.block_time is None else now - commit.block_time
+        if waited is not None and waited > ctx.spec.version.deadline_s:
+            message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+            return _reject(RejectionCode.UNAVAILABLE, f"content still missing {waited:.0f} s after the commit "
+                                                      f"(deadline {ctx.spec.version.deadline_s:g} s): {message}")
+        return Outcome(ContributionStatus.PENDING, reason=f"waiting for content: {type(exc).__name__}")
+    behind = contribution.header.model_version - contribution.header.behaviour_version
+    if behind > ctx.spec.staleness.max_staleness:
+        return _reject(RejectionCode.STALE, f"rollouts sampled at version {contribution.header.behaviour_version}, "
+                                            f"{behind} behind the learner version (S_max = "
+                                            f"{ctx.spec.staleness.max_staleness})")
+    return Outcome(ContributionStatus.ACCEPTED, contribution=contribution,
+                   bytes_received=contribution_bytes(contribution))
+
+
+def undecided_commits(ctx) -> list[CommitView]:
+    """Commits of the run without a final ingest decision, in commit-id order."""
+    with ctx.db.session() as s:
+        rows = s.execute(
+            select(Commit.commit_id, Commit.worker, Commit.version, Commit.header_digest, Commit.worker_key,
+                   Participant.jailed)
+            .join(Participant, Participant.address == Commit.worker)
+            .outerjoin(Contribution, Contribution.commit_id == Commit.commit_id)
+            .where(Commit.run_id == ctx.run_hex,
+                   or_(Contribution.commit_id.is_(None), Contribution.status == ContributionStatus.PENDING))
+            .order_by(Commit.commit_id)).all()
+        ids = [r.commit_id for r in rows]
+        times = dict(s.execute(select(ChainEventRow.commit_id, ChainEventRow.block_time)
+                               .where(ChainEventRow.kind == "Committed", ChainEventRow.commit_id.in_(ids))).all()) if ids else {}
+    return [CommitView(r.commit_id, r.worker, int(r.version), r.header_digest, r.worker_key, times.get(r.commit_id),
+                       bool(r.jailed)) for r in rows]
+
+
+def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
+    """One pass over undecided commits; decisions are written to the contributions table."""
+    now = time.time() if now is None else now
+    report = IngestReport()
+    for commit in undecided_commits(ctx):
+        outcome = examine(ctx, commit, next_version, now)
+        with ctx.db.write() as s:
+            row = s.get(Contribution, commit.commit_id)
+            if row is None:
+                row = Contribution(commit_id=commit.commit_id, run_id=ctx.run_hex, worker=commit.worker,
+                                   version=commit.version, status=ContributionStatus.PENDING)
+                s.add(row)
+            elif row.status != ContributionStatus.PENDING:
+                continue  # decided meanwhile (another pass of ours after a restart): keep the first decision
+            row.status, row.reason_code, row.reason = outcome.status, outcome.code, outcome.reason
+        if outcome.status == ContributionStatus.ACCEPTED:
+            ctx.remember(commit.commit_id, outcome.contribution)
+            report.accepted += 1
+            report.bytes_received += outcome.bytes_received
+        elif outcome.status == ContributionStatus.REJECTED:
+            report.rejected += 1
+            report.reasons[outcome.code.value] = report.reasons.get(outcome.code.value, 0) + 1
+        else:
+            report.pending += 1
+    return report

@@ -1,0 +1,147 @@
+"""The coordinator's loop: index -> finish journalled work -> slash -> ingest -> close -> publish -> settle -> eval.
+
+Design decisions:
+- One pass (`Coordinator.step`) is a sequence of idempotent steps over database + chain; the loop
+  just repeats it every `poll_interval_s`. Restarting after `kill -9` is the same as the next
+  pass: journalled versions are completed first (`publish.complete_version`), then work resumes.
+- Faults of the two shared channels (chain unreachable, store unreachable) end the pass and are
+  retried with exponential back-off capped at `max_backoff_s`; nothing is decided while a
+  channel is down, so an outage never turns into rejections. Anything else is a bug and stops
+  the process with its traceback (the journal makes the restart safe).
+- Slashing runs before ingest and the index is re-synced after a slash, so a worker jailed in
+  this pass has its remaining contributions rejected as `jailed` in the same pass.
+- Version 0 is evaluated at start; version t when t is a multiple of `eval_every` (and the last
+  version when `max_versions` stops the loop), so the demo always has a final figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from krill.coordinator.close import decide, published_at
+from krill.coordinator.evals import evaluate_version
+from krill.coordinator.ingest import ingest
+from krill.coordinator.journal import DecisionState, ensure_tables, unfinished
+from krill.coordinator.metrics import VersionFigures, figures, record_metrics, status_line
+from krill.coordinator.publish import complete_version
+from krill.coordinator.settle import settle_version
+from krill.coordinator.slash import slash_due
+
+from krill.errors import ChainUnavailableError, StoreUnavailableError
+
+log = logging.getLogger(__name__)
+FAULTS = (ChainUnavailableError, StoreUnavailableError)
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    poll_interval_s: float = 0.5
+    max_backoff_s: float = 30.0
+    eval_every: int = 5
+    max_versions: int | None = None
+
+
+class Coordinator:
+    """Drives one run; `echo` receives each human-readable line."""
+
+    def __init__(self, ctx, indexer, options: LoopOptions, echo: Callable[[str], None] = print):
+        self.ctx, self.indexer, self.options, self.echo = ctx, indexer, options, echo
+        self.published: list[VersionFigures] = []
+        ensure_tables(ctx.db)
+
+    # ------------------------------------------------------------------ one pass
+
+    def done(self) -> bool:
+        """True once `max_versions` is published and settled."""
+        limit = self.options.max_versions
+        if limit is None:
+            return False
+        if self.ctx.chain.run_of(self.ctx.run_id).latest_version < limit:
+            return False
+        with self.ctx.db.session() as s:
+            return not unfinished(s, self.ctx.run_hex)
+
+    def step(self) -> list[VersionFigures]:
+        """One pass; returns the figures of the versions it published."""
+        ctx = self.ctx
+        self.indexer.sync()
+        out = self._finish_journalled()
+        if self.options.eval_every > 0:
+            evaluate_version(ctx, 0)
+        if slash_lines := [self._slash_line(s) for s in slash_due(ctx)]:
+            for line in slash_lines:
+                self.echo(line)
+            self.indexer.sync()
+        latest = ctx.chain.run_of(ctx.run_id).latest_version
+        if self.options.max_versions is not None and latest >= self.options.max_versions:
+            return out
+        version = latest + 1
+        report = ingest(ctx, version)
+        for code, n in sorted(report.reasons.items()):
+            self.echo(f"rejected {n} contribution{'s' * (n != 1)}: {code}")
+        if decide(ctx, version) is not None:
+            out += self._finish_journalled()
+        return out
+
+    def _finish_journalled(self) -> list[VersionFigures]:
+        ctx, out = self.ctx, []
+        with ctx.db.session() as s:
+            rows = unfinished(s, ctx.run_hex)
+        for row in rows:
+            fold_seconds, sent = 0.0, row.bytes_published or 0
+            if row.state in (DecisionState.DECIDED, DecisionState.STORED):
+                published = complete_version(ctx, row.version)
+                fold_seconds, sent = published.fold_seconds, published.bytes_published
+                self.indexer.sync()
+            settle_version(ctx, row.version)
+            out.append(self._report(row, sent, fold_seconds))
+        return out
+
+    def _report(self, row, sent: int, fold_seconds: float) -> VersionFigures:
+        from krill.coordinator.close import load_contribution
+        from krill.coordinator.ingest import contribution_bytes
+
+        ctx = self.ctx
+        received = sum(contribution_bytes(load_contribution(ctx, int(e["commit_id"]), e["worker"],
+                                                            int(e["model_version"]))) for e in row.accepted)
+        previous, now = published_at(ctx, row.version - 1), published_at(ctx, row.version)
+        seconds = (now - previous) if previous is not None and now is not None else row.window_s
+        f = figures(row, received, sent, float(seconds), fold_seconds)
+        every, last = self.options.eval_every, self.options.max_versions
+        if every > 0 and (row.version % every == 0 or row.version == last):
+            f = VersionFigures(**{**f.__dict__, "accuracy": evaluate_version(ctx, row.version)})
+        record_metrics(ctx, f)
+        for e in row.accepted:
+            ctx.forget(int(e["commit_id"]))
+        self.published.append(f)
+        self.echo(status_line(f))
+        return f
+
+    @staticmethod
+    def _slash_line(outcome) -> str:
+        if outcome.amount is None:
+            return f"slash of commit {outcome.commit_id} skipped: {outcome.note}"
+        return f"slashed commit {outcome.commit_id}: worker {outcome.worker} lost {outcome.amount / 1e18:g} tokens, jailed"
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Repeat `step` until `stop` is set or `max_versions` is done; back off on channel faults."""
+        stop = stop or threading.Event()
+        delay = self.options.poll_interval_s
+        while not stop.is_set():
+            try:
+                self.step()
+                if self.done():
+                    return
+                delay = self.options.poll_interval_s
+            except FAULTS as exc:
+                delay = min(max(delay, self.options.poll_interval_s) * 2, self.options.max_backoff_s)
+                self.echo(f"waiting {delay:.1f} s: {type(exc).__name__}: {exc}")
+                stop.wait(delay)
+                continue
+            stop.wait(self.options.poll_interval_s)
+

@@ -1,0 +1,111 @@
+"""Publish a decided version: fold, store the content, then `publishVersion`; idempotent after a crash.
+
+Design decisions:
+- Input is only the journal row (`VersionDecision`) plus public state: the parent version, the
+  learner versions the contributions were computed at, and the contributions' gradient files
+  (content-addressed). Weights come from the journal's strings (`float(repr(x)) == x`), so the
+  fold, and with it every published byte, is the same whether it runs once or again after a
+  `kill -9`.
+- The chain is the commit point. Before publishing, the chain's latest version is read: if it
+  already holds t (we crashed after the transaction), the row is just marked published; if it
+  holds t - 1, the content is (re)computed, stored (idempotent: content-addressed) and published.
+  Anything else means another coordinator publishes this run, and we stop with an error.
+- `--shards` restricts the fold to the shards this coordinator serves; the others keep their
+  weights and optimizer states (their outcome is absent from the record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from krill.coordinator.journal import DecisionState, VersionDecision
+
+from krill.errors import ChainError
+
+
+class CoordinatorStateError(ChainError):
+    """The chain disagrees with the coordinator's journal in a way it cannot repair by itself."""
+
+
+@dataclass
+class Published:
+    version: int
+    manifest_digest: bytes
+    record_digest: bytes
+    bytes_published: int
+    fold_seconds: float
+    recovered: bool  # the chain already held it (a crash between the transaction and the journal update)
+
+
+def submissions(ctx, accepted: list[dict]):
+    """The fold's inputs for the journalled accepted entries: Submissions and the learner states they need."""
+    from krill.coordinator.close import load_contribution
+
+    from krill.protocol.step import Submission
+
+    subs, states = [], {}
+    for entry in accepted:
+        v = int(entry["model_version"])
+        contribution = load_contribution(ctx, int(entry["commit_id"]), entry["worker"], v)
+        if contribution.header.digest.hex() != entry["header_digest"]:
+            raise CoordinatorStateError(f"commit {entry['commit_id']}: header digest differs from the journal's")
+        states[v] = ctx.state(v)
+        values = {s: g.values for s, g in contribution.gradients.items()}
+        subs.append(Submission(commit_id=int(entry["commit_id"]), weight=float(entry["weight"]), model_version=v,
+                               values=values))
+    return subs, states
+
+
+def build_content(ctx, row: VersionDecision):
+    """Fold and store version `row.version`; returns (manifest, record, bytes published)."""
+    from krill.protocol.record import AcceptedEntry, RejectedEntry
+    from krill.protocol.step import fold_version, publish_version_content
+
+    parent = ctx.state(row.version - 1)
+    subs, states = submissions(ctx, row.accepted)
+    results = fold_version(ctx.spec, parent, subs, states, shards=ctx.shards)
+    manifest, _cid, record = publish_version_content(
+        ctx.store, ctx.spec, parent, results, [AcceptedEntry(**e) for e in row.accepted],
+        [RejectedEntry(**e) for e in row.rejected], row.closed_by)
+    changed = {r.shard for r in results if r.submissions > 0}
+    sent = len(manifest.canonical_bytes()) + len(record.encode())
+    sent += sum(s.size for s in manifest.shards if s.index in changed)
+    sent += sum(len(r.optimizer_state) for r in results if r.submissions > 0)
+    return manifest, record, sent
+
+
+def complete_version(ctx, version: int) -> Published:
+    """Bring journalled `version` to the chain (whatever step a crash interrupted)."""
+    with ctx.db.session() as s:
+        row = s.get(VersionDecision, (ctx.run_hex, version))
+    if row is None:
+        raise CoordinatorStateError(f"version {version} has no journalled decision")
+    latest = ctx.chain.run_of(ctx.run_id).latest_version
+    if latest >= version:
+        info = ctx.chain.version_of(ctx.run_id, version)
+        _mark(ctx, version, DecisionState.PUBLISHED, info.manifest_digest, info.record_digest, row.bytes_published)
+        return Published(version, info.manifest_digest, info.record_digest, row.bytes_published or 0, 0.0, True)
+    if latest != version - 1:
+        raise CoordinatorStateError(f"the chain's latest version is {latest}, the journal is at {version}: "
+                                    "another coordinator publishes this run?")
+    started = time.perf_counter()
+    manifest, record, sent = build_content(ctx, row)
+    seconds = time.perf_counter() - started
+    manifest_digest = hashlib.sha256(manifest.canonical_bytes()).digest()
+    _mark(ctx, version, DecisionState.STORED, manifest_digest, record.digest, sent)
+    ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
+    _mark(ctx, version, DecisionState.PUBLISHED, manifest_digest, record.digest, sent)
+    return Published(version, manifest_digest, record.digest, sent, seconds, False)
+
+
+def _mark(ctx, version: int, state: DecisionState, manifest_digest: bytes, record_digest: bytes,
+          sent: int | None) -> None:
+    with ctx.db.write() as s:
+        row = s.get(VersionDecision, (ctx.run_hex, version))
+        if row.manifest_digest is not None and row.manifest_digest != manifest_digest.hex():
+            raise CoordinatorStateError(f"version {version}: manifest digest {manifest_digest.hex()} differs from "
+                                        f"the journalled {row.manifest_digest} (non-deterministic fold?)")
+        row.state, row.manifest_digest, row.record_digest = state, manifest_digest.hex(), record_digest.hex()
+        row.bytes_published = sent

@@ -1,0 +1,56 @@
+"""Settle a published version: its reward split among the workers it folded, pro rata by weight.
+
+Design decisions:
+- The amount is `spec.chain.reward_per_version` (or what is left in the run's pool, if less).
+  A worker's share is the sum of the weights of its contributions in the version's record over
+  the sum of all weights, computed in exact rationals from the recorded float64 weights, floored
+  to token base units; the units left by flooring go one each to the largest remainders (ties:
+  lower address). Anyone can recompute the split from the record.
+- The contract settles a version once, with at most MAX_SETTLE_BATCH (64) accounts: when more
+  workers took part, the 64 with the largest weights share the reward (ties: lower address).
+- Idempotent: the chain's `settled` flag is read first, so a restart never pays twice.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from krill.coordinator.journal import DecisionState, VersionDecision
+
+MAX_SETTLE_ACCOUNTS = 64
+
+
+def reward_split(total: int, accepted: list[dict], max_accounts: int = MAX_SETTLE_ACCOUNTS) -> list[tuple[str, int]]:
+    """[(worker, amount)] with sum(amount) == total (or [] when nothing can be split), address order."""
+    weights: dict[str, Fraction] = {}
+    for entry in accepted:
+        weights[entry["worker"]] = weights.get(entry["worker"], Fraction(0)) + Fraction(float(entry["weight"]))
+    ranked = sorted(((w, a) for a, w in weights.items() if w > 0), key=lambda x: (-x[0], x[1]))[:max_accounts]
+    whole = sum(w for w, _ in ranked)
+    if total <= 0 or whole == 0:
+        return []
+    exact = {a: total * w / whole for w, a in ranked}
+    amounts = {a: int(x) for a, x in exact.items()}  # floor: every x >= 0
+    left = total - sum(amounts.values())
+    for a in sorted(exact, key=lambda a: (-(exact[a] - amounts[a]), a))[:left]:
+        amounts[a] += 1
+    return sorted((a, n) for a, n in amounts.items() if n > 0)
+
+
+def settle_version(ctx, version: int) -> tuple[list[tuple[str, int]], str | None]:
+    """Credit `version`'s rewards (once); returns the split and a note when nothing was paid."""
+    with ctx.db.session() as s:
+        row = s.get(VersionDecision, (ctx.run_hex, version))
+    split, note = [], None
+    if not ctx.chain.version_of(ctx.run_id, version).settled:
+        pool = ctx.chain.run_of(ctx.run_id).reward_pool
+        total = min(ctx.spec.chain.reward_per_version, pool)
+        split = reward_split(total, row.accepted)
+        if split:
+            ctx.chain.settle(ctx.run_id, version, [a for a, _ in split], [n for _, n in split])
+        else:
+            note = f"nothing settled (reward per version {ctx.spec.chain.reward_per_version}, pool {pool})"
+    with ctx.db.write() as s:
+        r = s.get(VersionDecision, (ctx.run_hex, version))
+        r.state, r.note = DecisionState.SETTLED, note
+    return split, note

@@ -1,0 +1,50 @@
+"""Slash: every commit of the run whose failing attestations reached the quorum is slashed, once.
+
+Design decisions:
+- Candidates come from the index (fail_count >= the run's quorum, not slashed), and each is
+  re-read from the chain before the transaction, so an index that lags never causes a revert and
+  a restart never slashes twice. Should the contract still refuse (a race with another
+  coordinator), the revert is recorded as a skip, not a crash.
+- The slash jails the worker on-chain; the index picks up `WorkerJailed` on its next pass, and
+  from then on ingest and close reject that worker's contributions as `jailed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from krill.db.models import Commit
+
+
+@dataclass(frozen=True)
+class SlashOutcome:
+    commit_id: int
+    worker: str
+    amount: int | None  # None: skipped (see note)
+    note: str = ""
+
+
+def slash_due(ctx) -> list[SlashOutcome]:
+    """Slash every commit of the run that a quorum of verifiers failed."""
+    from krill.chain import errors as ce
+    from krill.chain.events import Slashed
+
+    quorum = ctx.spec.chain.attestation_quorum
+    with ctx.db.session() as s:
+        due = s.execute(select(Commit.commit_id, Commit.worker).where(
+            Commit.run_id == ctx.run_hex, Commit.fail_count >= quorum, Commit.slashed.is_(False))
+            .order_by(Commit.commit_id)).all()
+    out = []
+    for commit_id, worker in due:
+        info = ctx.chain.commit_of(commit_id)
+        if info.slashed or info.fail_count < quorum:
+            continue
+        try:
+            event = ctx.chain.slash(commit_id).event(Slashed)
+        except (ce.SlashAlreadyDone, ce.SlashQuorumNotReached) as exc:
+            out.append(SlashOutcome(commit_id, worker, None, str(exc)))
+            continue
+        out.append(SlashOutcome(commit_id, worker, event.amount))
+    return out
