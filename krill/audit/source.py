@@ -1,0 +1,80 @@
+"""Public inputs of an audit, read from chain + store once and cached.
+
+Design decisions:
+- Everything an audit uses comes from the chain (version digests, commits, staked keys, chain id,
+  contract address) or from the store by a CID that follows from an on-chain digest, and is
+  checked on fetch by the core loaders (`load_chain_version`, `load_record`). Nothing comes from
+  a database or from the coordinator's word, except what the record itself claims: that is what
+  the audit checks.
+- Versions, records and keys are cached per audit run, since consecutive versions share parents
+  and learner versions (`--all` touches each only once or twice).
+"""
+
+from __future__ import annotations
+
+from krill.chain.types import ZERO32
+from krill.protocol.record import AggregationRecord, load_record
+from krill.protocol.spec import RunSpec
+from krill.protocol.state import VersionState, load_chain_version
+
+
+class AuditSource:
+    """Chain + store access for auditing one run."""
+
+    def __init__(self, chain, store, spec: RunSpec):
+        self.chain, self.store, self.spec = chain, store, spec
+        self._versions: dict[int, VersionState] = {}
+        self._records: dict[int, AggregationRecord] = {}
+        self._keys: dict[str, bytes] = {}
+        self._chain_id: int | None = None
+
+    @property
+    def chain_id(self) -> int:
+        if self._chain_id is None:
+            self._chain_id = int(self.chain.w3.eth.chain_id)
+        return self._chain_id
+
+    @property
+    def contract(self) -> str:
+        return self.chain.address.lower()
+
+    def latest_version(self) -> int:
+        return int(self.chain.run_of(self.spec.run_id).latest_version)
+
+    def version_info(self, version: int):
+        """The chain's record of `version`, or None when it is not published."""
+        info = self.chain.version_of(self.spec.run_id, version)
+        return None if info.manifest_digest == ZERO32 else info
+
+    def state(self, version: int) -> VersionState:
+        """The public state of `version` (manifest, record, lazily its shards and masks)."""
+        if version not in self._versions:
+            self._versions[version] = load_chain_version(self.chain, self.store, self.spec, version)
+        return self._versions[version]
+
+    def record(self, version: int) -> AggregationRecord:
+        """The aggregation record of published version `version` >= 1 (verified against its digest)."""
+        if version not in self._records:
+            info = self.version_info(version)
+            if info is None:
+                from krill.errors import ModelError
+
+                raise ModelError(f"version {version} is not published")
+            self._records[version] = load_record(self.store, info.record_digest)
+        return self._records[version]
+
+    def staked_key(self, worker: str) -> bytes:
+        """The Ed25519 key `worker` registered with its stake (fixed on-chain once set)."""
+        worker = worker.lower()
+        if worker not in self._keys:
+            from web3 import Web3
+
+            self._keys[worker] = bytes(self.chain.stake_of(Web3.to_checksum_address(worker)).ed25519_public_key)
+        return self._keys[worker]
+
+    def grad_lengths(self, version: int) -> dict[int, dict[str, int]]:
+        """Per shard, tensor name -> length of the public mask gradients at `version` travel on."""
+        state = self.state(version)
+        masks = state.masks()
+        return {s: {n: int(masks[n].numel()) for n in state.manifest.shard_names(s)}
+                for s in range(state.manifest.num_shards)}

@@ -1,0 +1,53 @@
+"""`krill release --version V --out DIR`: the HF model directory of a version, its card, its CID.
+
+Design decisions:
+- Needs only chain + store access (config: chain, store, run.id). Writes DIR, adds the release
+  archive to the store (pinned) and prints its CID; `--json` prints {"cid", "out", "evals"}.
+- Evaluation runs on the task's held-out split for base and version; `--eval-n` defaults to the
+  run spec's `eval_n`, `--k` sets pass@k (1 skips sampling). Heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import click
+
+
+@click.command("release")
+@click.option("--version", "version", required=True, type=click.IntRange(0, None), help="Published version to release.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write the model into (created if missing).")
+@click.option("--eval-n", type=click.IntRange(1, 100_000), default=None,
+              help="Held-out prompts to evaluate on [default: the run spec's eval_n, 500].")
+@click.option("--k", type=click.IntRange(1, 64), default=4, show_default=True, help="Samples per prompt for pass@k.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pass@k sampler.")
+@click.option("--json", "as_json", is_flag=True, help="Print {cid, out, evals} as JSON.")
+def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, as_json: bool) -> None:
+    """Assemble a version as a Hugging Face model directory with a model card, store it, print the CID."""
+    from transformers.utils import logging as hf_logging
+
+    from krill.commands.audit_cmd import open_public_run
+    from krill.errors import ConfigError
+    from krill.release import build_release
+
+    hf_logging.disable_progress_bar()
+    with ExitStack() as stack:
+        config, chain, store, spec = open_public_run(stack)
+        latest = chain.run_of(spec.run_id).latest_version
+        if version > latest:
+            raise ConfigError(f"--version {version}: the run's latest published version is {latest}")
+        result = build_release(chain, store, spec, version, out_dir, eval_n=eval_n, k=k, seed=seed,
+                               from_block=config.chain.deploy_block)
+    if as_json:
+        click.echo(json.dumps({"cid": result.cid, "out": str(result.out), "evals": result.evals}, sort_keys=True))
+        return
+    for label in ("base", "version"):
+        r = result.evals[label]
+        name = "base (v0)" if label == "base" else f"version {version}"
+        extra = f"  pass@{r['k']} {r['pass_at_k']:.1%}" if r["pass_at_k"] is not None else ""
+        click.echo(f"{name:<12} greedy accuracy {r['accuracy']:.1%}{extra}  mean length {r['mean_length']:.2f}")
+    click.echo(f"wrote {result.out} ({result.folder})")
+    click.echo(result.cid)

@@ -1,0 +1,84 @@
+"""Release parts without a chain: the deterministic archive, contributor shares, card numbers."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from krill.errors import PayloadError
+from krill.protocol.record import AcceptedEntry, AggregationRecord, RejectedEntry
+from krill.release.archive import read_archive, write_archive
+from krill.release.card import _tokens
+from krill.release.contributors import contributors
+
+FILES = {"config.json": b"{}", "model.safetensors": b"\x00" * 1000, "README.md": b"# card\n"}
+
+
+def test_archive_bytes_depend_only_on_the_files():
+    first = write_archive("krill-x-v1", FILES)
+    again = write_archive("krill-x-v1", dict(reversed(list(FILES.items()))))
+    assert first == again
+    assert write_archive("krill-x-v1", {**FILES, "README.md": b"# other\n"}) != first
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == ["krill-x-v1", "krill-x-v1/README.md", "krill-x-v1/config.json",
+                                         "krill-x-v1/model.safetensors"]
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, 0, "", "")}
+    assert read_archive(first) == ("krill-x-v1", FILES)
+
+
+def _tar(members):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def _member(name, kind=tarfile.REGTYPE, data=b"x"):
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, (len(data) if kind == tarfile.REGTYPE else 0)
+    if kind == tarfile.SYMTYPE:
+        info.linkname = "/etc/passwd"
+    return info, (data if kind == tarfile.REGTYPE else None)
+
+
+@pytest.mark.parametrize("bad", ["../escape", "/abs", "other/file", "link"])
+def test_read_archive_refuses_what_write_archive_never_writes(bad):
+    members = [_member("rel", tarfile.DIRTYPE)]
+    members.append(_member("rel/link", tarfile.SYMTYPE) if bad == "link" else _member(bad))
+    with pytest.raises(PayloadError):
+        read_archive(_tar(members))
+    with pytest.raises(PayloadError):
+        read_archive(b"not a tar archive at all" * 40)
+    with pytest.raises(PayloadError):
+        write_archive("rel", {"../x": b""})
+
+
+def _record(version, accepted, rejected=()):
+    return AggregationRecord(run_id="ab" * 32, version=version, parent_manifest_cid="p", parent_record_cid=None,
+                             manifest_cid="m", rule={}, shards=[], closed_by="count", rejected=list(rejected),
+                             accepted=[AcceptedEntry(commit_id=c, worker=w, header_digest="00" * 32, model_version=0,
+                                                     behaviour_version=0, staleness=0, trust="0.5", weight=wt,
+                                                     shards=[0], mean_reward="0.0", tokens=10) for c, w, wt in accepted])
+
+
+def test_contributors_count_work_per_worker_and_share_rewards_from_the_chain():
+    a, b, c = ("0x" + ch * 40 for ch in "abc")
+    records = {1: ("cid1", _record(1, [(1, a, "0.5"), (2, b, "0.25")])),
+               2: ("cid2", _record(2, [(3, a, "0.5")], [RejectedEntry(commit_id=4, worker=c, reason_code="stale",
+                                                                       reason="too old")]))}
+    people = contributors(records, {a: 3 * 10**18, b.upper().replace("0X", "0x"): 10**18})
+    by = {p.address: p for p in people}
+    assert [p.address for p in people] == [a, b, c]
+    assert (by[a].accepted, by[a].weight, by[a].tokens, by[a].share) == (2, 1.0, 20, 0.75)
+    assert (by[b].accepted, by[b].rewards, by[b].share) == (1, 10**18, 0.25)
+    assert (by[c].accepted, by[c].rejected, by[c].rewards, by[c].share) == (0, 1, 0, 0.0)
+
+
+def test_token_amounts_print_exactly():
+    assert _tokens(10 * 10**18) == "10.0000"
+    assert _tokens(6_666_666_666_666_666_666) == "6.6666"
+    assert _tokens(0) == "0.0000"
