@@ -10,6 +10,8 @@ Design decisions:
   carries the same facts for programs.
 - The release goes into the store as ONE deterministic tar archive (`archive.py`): running the
   release twice gives the same CID, which anyone can recompute from the directory.
+- `out_dir` must be new, empty, or hold only files the release writes (a re-run overwrites them):
+  stray weight or index files would change what `from_pretrained` loads.
 - Needs only chain + store; no role is imported.
 
 Public API:
@@ -24,6 +26,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from krill.errors import ConfigError
 from krill.release.archive import read_archive, write_archive
 
 __all__ = ["RELEASE_FORMAT", "Release", "build_release", "read_archive", "release_files"]
@@ -99,6 +102,11 @@ def build_release(chain, store, spec, version: int, out_dir: str | Path, *, eval
     folder, files, facts = release_files(chain, store, spec, version, eval_n=eval_n, k=k, seed=seed,
                                          from_block=from_block)
     out = Path(out_dir)
+    stray = sorted(p.name for p in out.iterdir() if p.name not in files) if out.is_dir() else []
+    if stray:
+        # Left in place, stray weight or index files would change what `from_pretrained` loads.
+        raise ConfigError(f"--out {out}: holds files this release does not write ({', '.join(stray[:5])}); "
+                          "choose an empty or new directory")
     out.mkdir(parents=True, exist_ok=True)
     for name, data in sorted(files.items()):
         (out / name).write_bytes(data)

@@ -137,7 +137,7 @@ class Run:
                                           behaviour_version=header.behaviour_version, staleness=staleness,
                                           trust=repr(TRUST), weight=repr(claimed), shards=sorted(c.gradients),
                                           mean_reward=repr(float(c.rollouts.rewards.mean())),
-                                          tokens=int(c.rollouts.n_tokens)))
+                                          tokens=int((np.diff(c.rollouts.offsets) - c.rollouts.prompt_lengths).sum())))
         learners = {v: self.state(v) for v in {s.model_version for s in submissions}}
         results = fold_version(self.spec, parent, submissions, learners)
         if tamper == "manifest":
@@ -278,3 +278,8 @@ def test_release_writes_a_loadable_model_with_a_card_and_a_deterministic_cid(run
     folder, files = read_archive(run.store.get(out["cid"]))
     assert folder == "krill-audit-test-v2"
     assert files == {p.name: p.read_bytes() for p in (tmp_path / "a").iterdir()}
+    again = run.invoke(release, [*args, "--out", str(tmp_path / "a")])  # re-running into the same directory is fine
+    assert again.exit_code == 0 and json.loads(again.output)["cid"] == out["cid"]
+    (tmp_path / "a" / "model-00001-of-00002.safetensors").write_bytes(b"stale")
+    refused = run.invoke(release, [*args, "--out", str(tmp_path / "a")])
+    assert refused.exit_code != 0 and "model-00001-of-00002.safetensors" in str(refused.exception)
