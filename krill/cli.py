@@ -31,6 +31,8 @@ CORE_COMMANDS: dict[str, str] = {
     "model": "krill.commands.model_cmd:model",
     "eval": "krill.commands.eval_cmd:eval_",
     "train": "krill.commands.train_cmd:train",
+    "audit": "krill.commands.audit_cmd:audit",
+    "release": "krill.commands.release_cmd:release",
 }
 ROLE_GROUP = "krill.commands"
 

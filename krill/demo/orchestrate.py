@@ -165,7 +165,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
                                     "--out", str(workdir / "release"), "--json"], timeout=900)
         release = _last_json(out)
         summary.update(base_accuracy=release["evals"]["base"]["accuracy"],
-                       final_accuracy=release["evals"]["final"]["accuracy"], release_cid=release["cid"],
+                       final_accuracy=release["evals"]["version"]["accuracy"], release_cid=release["cid"],
                        wall_seconds=round(time.monotonic() - started, 1), train_seconds=round(train_seconds, 1),
                        run_id=run.run_id, workdir=str(workdir))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
