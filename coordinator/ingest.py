@@ -28,6 +28,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
+from krill.coordinator.faults import halt_point
 from sqlalchemy import or_, select
 
 from krill.db.models import (
@@ -200,6 +201,7 @@ def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
             row.status, row.reason_code, row.reason = outcome.status, outcome.code, outcome.reason
         if outcome.status == ContributionStatus.ACCEPTED:
             ctx.remember(commit.commit_id, outcome.contribution)
+            halt_point("ingested")
             report.accepted += 1
             report.bytes_received += outcome.bytes_received
         elif outcome.status == ContributionStatus.REJECTED:

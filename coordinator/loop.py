@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from krill.coordinator.close import decide, published_at
 from krill.coordinator.evals import evaluate_version
+from krill.coordinator.faults import halt_point
 from krill.coordinator.ingest import ingest
 from krill.coordinator.journal import DecisionState, ensure_tables, unfinished
 from krill.coordinator.metrics import VersionFigures, figures, record_metrics, status_line
@@ -83,6 +84,7 @@ class Coordinator:
         for code, n in sorted(report.reasons.items()):
             self.echo(f"rejected {n} contribution{'s' * (n != 1)}: {code}")
         if decide(ctx, version) is not None:
+            halt_point("decided")
             out += self._finish_journalled()
         return out
 

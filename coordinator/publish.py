@@ -20,6 +20,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
+from krill.coordinator.faults import halt_point
 from krill.coordinator.journal import DecisionState, VersionDecision
 
 from krill.errors import ChainError
@@ -95,7 +96,9 @@ def complete_version(ctx, version: int) -> Published:
     seconds = time.perf_counter() - started
     manifest_digest = hashlib.sha256(manifest.canonical_bytes()).digest()
     _mark(ctx, version, DecisionState.STORED, manifest_digest, record.digest, sent)
+    halt_point("stored")
     ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
+    halt_point("published")
     _mark(ctx, version, DecisionState.PUBLISHED, manifest_digest, record.digest, sent)
     return Published(version, manifest_digest, record.digest, sent, seconds, False)
 

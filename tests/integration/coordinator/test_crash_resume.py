@@ -1,0 +1,61 @@
+"""Crash safety: `kill -9` at every critical point of a version, restart, and the same version is published."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from krill.db.models import Contribution, ContributionStatus
+
+SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4},
+        "version": {"contributions": 3, "deadline_s": 600.0}, "chain": {"max_staleness": 1}, "eval_n": 8}
+
+
+def _populate(env) -> list[int]:
+    """Three workers, one honest contribution each at version 0, uploaded and committed."""
+    ids = []
+    for index in (1, 2, 3):
+        account, who = env.stake(index)
+        header, files = env.produce(who, nonce=0)
+        env.upload(header, files)
+        ids.append(env.commit(account, header))
+    return ids
+
+
+def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinator_env):
+    from krill.coordinator.loop import Coordinator, LoopOptions
+
+    from krill.protocol.record import load_record
+
+    # Reference: an uninterrupted coordinator over the same inputs (fresh chain, same addresses).
+    reference = coordinator_env(SPEC)
+    ids = _populate(reference)
+    ctx, indexer = reference.context()
+    Coordinator(ctx, indexer, LoopOptions(eval_every=0, max_versions=1), echo=lambda _: None).run()
+    expected = reference.chain.version_of(reference.run_id, 1)
+    assert reference.chain.run_of(reference.run_id).latest_version == 1
+
+    env = coordinator_env(SPEC)
+    assert env.deployment.protocol == reference.deployment.protocol and env.run_id == reference.run_id
+    assert _populate(env) == ids
+    args = ("--set", "coordinator.max_versions=1", "--set", "coordinator.eval_every=0", "run")
+    for point in ("ingested", "decided", "stored", "published"):
+        proc = env.spawn(*args, halt=point)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == -9, f"{point}: exit {proc.returncode}\n{out}"
+        latest = env.chain.run_of(env.run_id).latest_version
+        assert latest == (1 if point == "published" else 0), point
+    proc = env.spawn(*args)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "v1 " in out and "accepted   3" in out, out
+
+    got = env.chain.version_of(env.run_id, 1)
+    assert (got.manifest_digest, got.record_digest) == (expected.manifest_digest, expected.record_digest)
+    assert env.chain.run_of(env.run_id).latest_version == 1 and got.settled
+    record = load_record(env.store, got.record_digest)
+    assert [e.commit_id for e in record.accepted] == ids  # each applied once, none lost
+    ctx, _ = env.context()
+    with ctx.db.session() as s:
+        rows = list(s.scalars(select(Contribution).order_by(Contribution.commit_id)))
+    assert [(r.commit_id, r.status, r.aggregated_version) for r in rows] == [
+        (i, ContributionStatus.ACCEPTED, 1) for i in ids]

@@ -1,0 +1,83 @@
+"""One full version cycle against Anvil + a local store + SQLite: honest, forged and stale contributions."""
+
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy import select
+
+from krill.db.models import Contribution, ContributionStatus, Eval, Metric, RejectionCode
+
+
+def _forge_signature(header):
+    """The same header, signed by a key other than the one it names (and the one staked)."""
+    from nacl.signing import SigningKey
+
+    from krill.payload.header import SignedHeader
+
+    signature = SigningKey(b"\x42" * 32).sign(header.signing_digest()).signature.hex()
+    return SignedHeader(**{**header.model_dump(), "signature": signature})
+
+
+def test_create_run_then_one_version_with_forged_and_stale_contributions(coordinator_env):
+    from krill.coordinator.loop import Coordinator, LoopOptions
+
+    from krill.protocol.record import load_record
+
+    env = coordinator_env()
+    (a1, w1), (a2, w2), (a3, w3) = env.stake(1), env.stake(2), env.stake(3)
+    honest = [env.produce(w1, nonce=0), env.produce(w2, nonce=0)]
+    forged_header, forged_files = env.produce(w3, nonce=0)
+    forged_header = _forge_signature(forged_header)
+    late_header, late_files = env.produce(w3, nonce=1)
+    ids = [env.commit(a, h) for a, (h, f) in zip((a1, a2), honest, strict=True) if env.upload(h, f) is None]
+    env.upload(forged_header, forged_files)
+    forged_id = env.commit(a3, forged_header)
+    env.upload(late_header, late_files, with_files=False)  # its files arrive only after version 1
+    late_id = env.commit(a3, late_header)
+
+    ctx, indexer = env.context()
+    lines: list[str] = []
+    coordinator = Coordinator(ctx, indexer, LoopOptions(poll_interval_s=0.1, eval_every=1, max_versions=2),
+                              echo=lines.append)
+    published = coordinator.step()
+    assert [f.version for f in published] == [1], lines
+    assert env.chain.run_of(env.run_id).latest_version == 1
+
+    with ctx.db.session() as s:
+        rows = {c.commit_id: c for c in s.scalars(select(Contribution))}
+    assert rows[ids[0]].status == rows[ids[1]].status == ContributionStatus.ACCEPTED
+    assert rows[ids[0]].aggregated_version == rows[ids[1]].aggregated_version == 1
+    assert rows[ids[0]].weight == 0.25 and rows[ids[0]].staleness == 0  # new workers: trust 1/(1+3), fresh
+    assert rows[forged_id].status == ContributionStatus.REJECTED
+    assert rows[forged_id].reason_code == RejectionCode.BAD_SIGNATURE
+    assert "signature" in rows[forged_id].reason
+    assert rows[late_id].status == ContributionStatus.PENDING  # files missing, before the deadline
+
+    info = env.chain.version_of(env.run_id, 1)
+    record = load_record(env.store, info.record_digest)
+    assert [e.commit_id for e in record.accepted] == ids and record.closed_by == "count"
+    assert [(e.commit_id, e.reason_code) for e in record.rejected] == [(forged_id, "bad_signature")]
+    assert {e.weight for e in record.accepted} == {"0.25"}
+    manifest = env.store.get(record.manifest_cid)
+    assert hashlib.sha256(manifest).digest() == info.manifest_digest
+
+    # Settlement: the version's reward split evenly between the two equally weighted workers.
+    reward = env.spec.chain.reward_per_version
+    assert info.settled or env.chain.version_of(env.run_id, 1).settled
+    assert env.chain.claimable_of(a1.address) == env.chain.claimable_of(a2.address) == reward // 2
+    assert env.chain.claimable_of(a3.address) == 0
+
+    # The late contribution's files arrive; by now it is too stale for version 2 (S_max = 0).
+    for data in late_files.values():
+        env.store.add(data)
+    assert coordinator.step() == []
+    with ctx.db.session() as s:
+        late = s.get(Contribution, late_id)
+        metric = s.get(Metric, (env.run_id.hex(), 1))
+        evals = sorted(e.version for e in s.scalars(select(Eval)))
+    assert late.status == ContributionStatus.REJECTED and late.reason_code == RejectionCode.STALE
+    assert metric.accepted == 2 and metric.rejected == 1 and metric.bytes_received > 0 and metric.bytes_published > 0
+    assert metric.sampled_tokens > 0 and metric.extra["closed_by"] == "count"
+    assert evals == [0, 1]
+    assert any(line.startswith("v1 ") and "accepted   2 rejected   1" in line for line in lines), lines
