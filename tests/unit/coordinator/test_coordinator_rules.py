@@ -1,0 +1,95 @@
+"""The coordinator's pure rules: reward split, closing, weighing, rejection codes, spec building."""
+
+from __future__ import annotations
+
+import pytest
+from krill.coordinator.close import closing_reason
+from krill.coordinator.ingest import rejection_code
+from krill.coordinator.settle import reward_split
+from krill.coordinator.trust import Standing, trust_of, weigh
+
+from krill.db.models import RejectionCode
+from krill.payload import errors as pe
+from krill.payload.limits import PayloadLimits
+from krill.protocol.spec import RunSpec, VersionSpec
+from krill.rl.staleness import StalenessConfig
+
+
+def _spec(**kw) -> RunSpec:
+    return RunSpec(name="unit", base_manifest_cid="bafkreifjjcie6lypi6ny7amxnfftagclbuxndqonfipmb64f2km2devei4",
+                   limits=PayloadLimits(vocab_size=16), **kw)
+
+
+def _entry(worker: str, weight: float) -> dict:
+    return {"worker": worker, "weight": repr(weight)}
+
+
+def test_reward_split_is_exact_pro_rata_and_deterministic():
+    a, b, c = "0x" + "a" * 40, "0x" + "b" * 40, "0x" + "c" * 40
+    split = reward_split(10, [_entry(a, 0.25), _entry(b, 0.25), _entry(c, 0.25)])
+    assert sum(n for _, n in split) == 10
+    assert split == [(a, 4), (b, 3), (c, 3)]  # the leftover unit goes to the lower address on a tie
+    # Two contributions of one worker add up; order of entries does not matter.
+    one = reward_split(10**19, [_entry(a, 0.5), _entry(b, 0.25), _entry(a, 0.25)])
+    two = reward_split(10**19, [_entry(a, 0.25), _entry(a, 0.5), _entry(b, 0.25)])
+    assert one == two == [(a, 75 * 10**17), (b, 25 * 10**17)]
+    assert reward_split(0, [_entry(a, 1.0)]) == [] and reward_split(5, []) == []
+
+
+def test_reward_split_keeps_the_64_heaviest_workers():
+    entries = [_entry("0x" + f"{i:040x}", 1.0 + i) for i in range(70)]
+    split = reward_split(10**18, entries)
+    assert len(split) == 64 and sum(n for _, n in split) == 10**18
+    assert "0x" + f"{5:040x}" not in {a for a, _ in split} and "0x" + f"{6:040x}" in {a for a, _ in split}
+
+
+def test_closing_by_count_or_deadline_with_minimum():
+    spec = _spec(version=VersionSpec(contributions=4, deadline_s=30, min_contributions=2))
+    assert closing_reason(spec, 4, 1.0) == "count"
+    assert closing_reason(spec, 3, 10.0) is None
+    assert closing_reason(spec, 2, 31.0) == "deadline"
+    assert closing_reason(spec, 1, 1000.0) is None
+    assert closing_reason(spec, 3, None) is None
+
+
+def test_weigh_trust_times_staleness_and_rejections():
+    spec = _spec(staleness=StalenessConfig(kind="inverse", max_staleness=2))
+    fresh = weigh(spec, Standing(0, 0, False), version=3, model_version=2)
+    assert (fresh.staleness, fresh.weight, fresh.code) == (0, 0.25, None)
+    older = weigh(spec, Standing(3, 0, False), version=3, model_version=0)
+    assert older.staleness == 2 and older.weight == pytest.approx(trust_of(spec, Standing(3, 0, False)) / 3)
+    assert weigh(spec, Standing(0, 0, False), 4, 0).code == RejectionCode.STALE
+    assert weigh(spec, Standing(9, 0, True), 3, 2).code == RejectionCode.JAILED
+    assert weigh(spec, Standing(0, 60, False), 3, 2).code == RejectionCode.BELOW_TRUST_FLOOR
+
+
+def test_payload_errors_map_to_rejection_codes():
+    assert rejection_code(pe.SignatureError("Ed25519 signature does not verify", field="header.signature")) \
+        == RejectionCode.BAD_SIGNATURE
+    assert rejection_code(pe.SignatureError("header names a different Ed25519 key than the one registered",
+                                            field="header.ed25519_key")) == RejectionCode.UNKNOWN_KEY
+    assert rejection_code(pe.DigestMismatchError("x", field="rollouts.safetensors.sha256")) == RejectionCode.DIGEST_MISMATCH
+    assert rejection_code(pe.ShapeError("x", field="grad-0")) == RejectionCode.MALFORMED_PAYLOAD
+    assert rejection_code(pe.ContextMismatchError("x", field="header.run_id")) == RejectionCode.MALFORMED_PAYLOAD
+
+
+def test_build_spec_couples_the_staleness_bounds_and_sizes_the_caps(tmp_path):
+    from krill.coordinator.create_run import build_spec
+
+    from krill.errors import ConfigError
+    from krill.model.build import TinyModelSpec, build_tiny_model
+    from krill.model.publish import publish_model_dir
+    from krill.store.local import LocalStore
+
+    build_tiny_model(seed=1, spec=TinyModelSpec(hidden=16, layers=2, heads=2, intermediate=32), directory=tmp_path / "m")
+    manifest, cid = publish_model_dir(LocalStore(tmp_path / "s"), tmp_path / "m", num_shards=2)
+    spec = build_spec("unit", manifest, cid, 2, {"chain": {"max_staleness": 3},
+                                                 "rollout": {"prompts_per_contribution": 2, "group_size": 4}})
+    assert spec.staleness.max_staleness == spec.chain.max_staleness == 3
+    assert spec.limits.vocab_size == manifest.architecture["vocab_size"]
+    assert (spec.limits.max_sequences, spec.limits.max_groups) == (8, 2)
+    assert build_spec("unit", manifest, cid, 2, {"limits": {"max_sequences": 5}}).limits.max_sequences == 5
+    with pytest.raises(ConfigError, match="differ"):
+        build_spec("unit", manifest, cid, 2, {"chain": {"max_staleness": 1}, "staleness": {"max_staleness": 2}})
+    with pytest.raises(ConfigError, match="run spec"):
+        build_spec("unit", manifest, cid, 2, {"version": {"contributions": 0}})
