@@ -1,0 +1,121 @@
+"""The worker's contribution cycle in process against a real Anvil and a local store: resuming a
+pending commit (landed or not), stale commits refused by the contract, nonce recovery, and the
+stake / eligibility errors of the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+
+from click.testing import CliRunner
+from krill.worker.cli import main
+from krill.worker.runner import open_session
+
+from krill.chain.events import Committed
+from krill.config import load_config
+
+RESUMER, JAILED = 5, 6
+
+
+def _session(env, run, index, state_dir, behavior="honest"):
+    lines: list[str] = []
+    config = load_config(env.config_path(index, run, state_dir))
+    return open_session(config, behavior, lines.append), lines
+
+
+def test_restart_after_the_commit_landed_moves_on_without_committing_again(worker_env, tmp_path):
+    env = worker_env
+    run = env.new_run("resume-landed")
+    first, _ = _session(env, run, RESUMER, tmp_path / "state")
+    pending, *_ = first.contributor.prepare()
+    # The process "dies" right after its commit transaction landed, before clearing the pending entry.
+    landed = first.chain.commit(run.run_id, pending.model_version, pending.nonce,
+                               bytes.fromhex(pending.digest)).event(Committed)
+    count = env.admin.commit_count()
+
+    again, _ = _session(env, run, RESUMER, tmp_path / "state")
+    assert again.state.pending == pending and again.state.next_nonce == 1
+    outcome = again.contributor.resume()
+    assert (outcome.status, outcome.resumed, outcome.commit_id) == ("committed", True, landed.commit_id)
+    assert env.admin.commit_count() == count  # nothing committed twice
+    assert again.state.pending is None and not (again.state.directory / "pending" / pending.digest).exists()
+    following = again.contributor.contribute()
+    assert following.status == "committed" and following.nonce == 1
+    assert [h["nonce"] for h in again.state.history()] == [0, 1]
+
+    # A lost state directory: the nonce sequence is recovered from the chain, never reused.
+    fresh, _ = _session(env, run, RESUMER, tmp_path / "other-disk")
+    assert not fresh.state.existed and fresh.state.next_nonce == 2
+
+
+def test_restart_before_the_commit_commits_the_saved_digest(worker_env, tmp_path):
+    env = worker_env
+    run = env.new_run("resume-pending")
+    first, _ = _session(env, run, RESUMER, tmp_path / "state")
+    pending, *_ = first.contributor.prepare()  # saved, neither uploaded nor committed: the process dies here
+    again, _ = _session(env, run, RESUMER, tmp_path / "state")
+    outcome = again.contributor.resume()
+    assert outcome.status == "committed" and outcome.resumed and outcome.bytes_uploaded > 0
+    info = env.admin.commit_of(outcome.commit_id)
+    assert (info.header_digest.hex(), info.nonce, info.version) == (pending.digest, 0, 0)
+    assert env.admin.commit_id_of(run.run_id, env.accounts[RESUMER].address, 0, 0) == outcome.commit_id
+
+
+def test_commit_refused_as_stale_by_the_contract_is_recorded_and_work_goes_on(worker_env, tmp_path):
+    env = worker_env
+    run = env.new_run("stale", max_staleness=0)
+    session, _ = _session(env, run, RESUMER, tmp_path / "state")
+    prepared = session.contributor.prepare()
+    assert prepared[0].model_version == 0
+    env.publish_next(run)  # the coordinator moves past v + S_max while the worker uploads
+    stale = session.contributor.submit(*prepared, resumed=False)
+    assert stale.status == "stale" and "CommitVersionTooStale" in stale.detail
+    assert env.admin.commit_id_of(run.run_id, env.accounts[RESUMER].address, 0, 0) == 0
+    assert session.state.pending is None and session.state.history()[-1]["status"] == "stale"
+    assert "STALE" in stale.line()
+    following = session.contributor.contribute()
+    assert (following.status, following.nonce, following.behaviour_version, following.model_version) == \
+        ("committed", 1, 1, 1)
+
+
+def _cli(env, run, index, state_dir, *args, keystore=None):
+    config = env.config_path(index, run, state_dir, keystore=keystore)
+    return CliRunner().invoke(main, ["--config", str(config), *args])
+
+
+def test_stake_and_run_explain_what_is_missing(worker_env, tmp_path):
+    from conftest import PASSWORD, UNSTAKED
+
+    from krill.keystore import KdfCost, create_keystore
+
+    env = worker_env
+    run = env.new_run("stake-cli")
+    state = tmp_path / "state"
+    refused = _cli(env, run, UNSTAKED, state, "run", "--max-contributions", "1")
+    assert refused.exit_code == 1 and "krill worker stake" in refused.output
+    poor = _cli(env, run, UNSTAKED, state, "stake", "--amount", "5000")
+    assert poor.exit_code == 1 and "not enough tokens" in poor.output and "1000 KRILL" in poor.output
+    small = _cli(env, run, UNSTAKED, state, "stake", "--amount", "10")
+    assert small.exit_code == 1 and "below the worker minimum of 100" in small.output
+    ok = _cli(env, run, UNSTAKED, state, "stake", "--amount", "150")
+    assert ok.exit_code == 0 and "staked 150 KRILL" in ok.output, ok.output
+    assert env.admin.stake_of(env.accounts[UNSTAKED].address).staked == 150 * 10**18
+    other_key = create_keystore("other", PASSWORD, directory=tmp_path, private_key=env.accounts[UNSTAKED].key,
+                                ed25519_seed=hashlib.sha256(b"another key").digest(), cost=KdfCost.FAST).path
+    clash = _cli(env, run, UNSTAKED, state, "stake", "--amount", "150", keystore=other_key)
+    assert clash.exit_code == 1 and "already staked with Ed25519 key" in clash.output
+    wrong_key = _cli(env, run, UNSTAKED, state, "run", "--max-contributions", "1", keystore=other_key)
+    assert wrong_key.exit_code == 1 and "use the keystore you staked with" in wrong_key.output
+
+
+def test_jailed_worker_stops_with_a_clear_message(worker_env, tmp_path):
+    from conftest import VERIFIER
+
+    env = worker_env
+    run = env.new_run("jailed", quorum=1)
+    session, _ = _session(env, run, JAILED, tmp_path / "state")
+    outcome = session.contributor.contribute()
+    env.admin.seal_randomness_now(outcome.commit_id)
+    env.chain(VERIFIER).attest(outcome.commit_id, False, hashlib.sha256(b"evidence").digest())
+    env.admin.slash(outcome.commit_id)
+    result = _cli(env, run, JAILED, tmp_path / "state", "run", "--max-contributions", "1")
+    assert result.exit_code == 1 and "is jailed" in result.output and "krill worker stake" in result.output

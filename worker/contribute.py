@@ -1,0 +1,221 @@
+"""One contribution: sample -> learn -> package -> save -> upload -> commit, and resuming one.
+
+Design decisions:
+- The behaviour version b is the newest published version when sampling starts; after sampling
+  the worker looks again and learns at the newest version v it can reach (v - b <= S_max), so
+  rollouts are never thrown away just because the coordinator moved on while they were sampled.
+  If even that gap exceeds S_max the rollouts are dropped (and recorded).
+- The work itself is `krill.protocol.work` (sample / learn / package), the code verifiers replay;
+  the strategy (`behaviors`) only rewrites the rewards between sampling and learning.
+- Crash safety comes from `WorkerState`: the nonce is reserved before sampling, the signed bytes
+  are saved and named as pending before anything is uploaded or committed, and the pending entry
+  is cleared only once the outcome is logged. `submit` is idempotent: it first asks the chain
+  whether the digest is already committed (a restart after the commit landed), and treats a
+  duplicate revert the same way (a retry after a receipt was lost).
+- Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
+  meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
+  the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
+  rule and race the chain anyway.
+- Unreachable chain or store: every network call goes through `Backoff`, which waits and retries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from krill.worker.backoff import Backoff
+from krill.worker.behaviors import Behavior
+from krill.worker.errors import JailedError, NotStakedError, WorkerStateError
+from krill.worker.nonce_state import Pending, WorkerState
+from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource
+
+from krill.protocol.spec import RunSpec
+
+COMMITTED, STALE, ROLLOUTS_STALE = "committed", "stale", "rollouts-stale"
+
+
+@dataclass
+class Outcome:
+    """What became of one nonce."""
+
+    status: str
+    nonce: int
+    behaviour_version: int
+    model_version: int | None = None
+    commit_id: int | None = None
+    digest: str | None = None
+    mean_reward: float | None = None
+    true_mean_reward: float | None = None
+    tokens: int = 0
+    bytes_uploaded: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    resumed: bool = False
+    detail: str = ""
+
+    def record(self) -> dict:
+        return asdict(self) | {"time": round(time.time(), 3)}
+
+    def line(self) -> str:
+        """The one-line status of this contribution."""
+        s = self.seconds
+        rate = self.tokens / s["sample"] if s.get("sample") else 0.0
+        parts = [f"nonce {self.nonce}",
+                 f"b{self.behaviour_version}->v{self.model_version if self.model_version is not None else '-'}"]
+        if self.mean_reward is not None:
+            forged = (self.true_mean_reward is not None and abs(self.true_mean_reward - self.mean_reward) > 1e-9)
+            parts.append(f"reward {self.mean_reward:.3f}" + (f" (true {self.true_mean_reward:.3f})" if forged else ""))
+        parts += [f"{self.tokens} tok", f"{rate:,.0f} tok/s", f"up {self.bytes_uploaded / 1024:.1f} KiB"]
+        if self.status == COMMITTED:
+            parts.append(f"commit #{self.commit_id}" + (" (resumed)" if self.resumed else ""))
+        else:
+            parts.append(f"{self.status.upper()}: {self.detail}")
+        phases = " ".join(f"{k} {v:.2f}" for k, v in s.items() if k != "total")
+        parts.append(f"{phases} total {s.get('total', 0.0):.2f}s")
+        return " | ".join(parts)
+
+
+class Contributor:
+    """Makes and submits contributions for one worker in one run."""
+
+    def __init__(self, chain, store, spec: RunSpec, source: RunSource, who, behavior: Behavior,
+                 shards: list[int], state: WorkerState, backoff: Backoff, echo: Callable[[str], None] = print):
+        self.chain, self.store, self.spec, self.source = chain, store, spec, source
+        self.who, self.behavior, self.shards, self.state = who, behavior, list(shards), state
+        self.backoff, self.echo = backoff, echo
+        self.behaviour = BehaviourPolicy(source)
+        self.learner = LearnerPolicy(source)
+
+    # ------------------------------------------------------------------ produce
+    def contribute(self) -> Outcome:
+        """Make one contribution at the newest versions and submit it."""
+        prepared = self.prepare()
+        if isinstance(prepared, Outcome):
+            return prepared
+        return self.submit(*prepared, resumed=False)
+
+    def prepare(self):
+        """Sample, learn, package and save a contribution as pending; returns the arguments of
+        `submit`, or the Outcome of rollouts that went stale while they were sampled."""
+        from krill.protocol.work import learn, package, sample
+
+        started = time.perf_counter()
+        b = self.backoff.call(self.source.latest, "chain (latest version)")
+        engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
+        tok, task = self.source.tokenizer, self.source.task
+        nonce = self.state.reserve_nonce()
+        sampled = sample(self.spec, task, tok, engine, self.who.worker, nonce)
+        true_rewards = sampled.rewards
+        sampled.rewards = self.behavior.reported_rewards(true_rewards)
+        seconds = {"sample": sampled.seconds}
+        summary = {"mean_reward": float(sampled.rewards.mean()), "true_mean_reward": float(true_rewards.mean()),
+                   "tokens": int(sampled.rollouts.num_completion_tokens)}
+        v = self.backoff.call(self.source.latest, "chain (latest version)")
+        if v - b > self.spec.staleness.max_staleness:
+            outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},
+                              detail=f"rollouts of version {b} are more than S_max={self.spec.staleness.max_staleness} "
+                                     f"behind version {v}", **summary)
+            self.state.log(outcome.record())
+            return outcome
+        model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
+        learned = learn(self.spec, model, learner_state, sampled, self.shards, tok.pad_token_id)
+        seconds["learn"] = learned.seconds
+        t = time.perf_counter()
+        header, files = package(self.spec, task, self.who, learner_state, sampled, learned)
+        header_bytes = header.encode()
+        pending = Pending(model_version=v, behaviour_version=b, nonce=nonce, digest=header.digest.hex(),
+                          files=sorted(files), summary=summary)
+        self.state.save_pending(pending, header_bytes, files)
+        seconds["package"] = time.perf_counter() - t
+        return pending, header_bytes, files, seconds, started
+
+    def resume(self) -> Outcome | None:
+        """Finish the pending commit a previous run left, if any."""
+        pending = self.state.pending
+        if pending is None:
+            return None
+        header, files = self.state.pending_payload()
+        return self.submit(pending, header, files, {}, time.perf_counter(), resumed=True)
+
+    # ------------------------------------------------------------------ submit
+    def _outcome(self, status: str, pending: Pending, seconds: dict, started: float, resumed: bool, **kw) -> Outcome:
+        seconds = dict(seconds) | {"total": time.perf_counter() - started}
+        s = pending.summary
+        return Outcome(status, pending.nonce, pending.behaviour_version, pending.model_version, digest=pending.digest,
+                       mean_reward=s.get("mean_reward"), true_mean_reward=s.get("true_mean_reward"),
+                       tokens=int(s.get("tokens", 0)), seconds=seconds, resumed=resumed, **kw)
+
+    def _finish(self, outcome: Outcome) -> Outcome:
+        self.state.finish(outcome.record())
+        return outcome
+
+    def _own_commit(self, digest: bytes) -> int:
+        """The id of the commit of `digest` if it is this worker's, 0 if there is none."""
+        commit_id = self.backoff.call(lambda: self.chain.commit_id_by_digest(digest), "chain (commit lookup)")
+        if commit_id == 0:
+            return 0
+        info = self.backoff.call(lambda: self.chain.commit_of(commit_id), "chain (commit lookup)")
+        if info.worker.lower() != self.who.worker.lower():
+            raise WorkerStateError(f"digest {digest.hex()[:16]}… is committed by {info.worker}, not this worker")
+        return commit_id
+
+    def submit(self, pending: Pending, header: bytes, files: dict[str, bytes], seconds: dict, started: float,
+               resumed: bool) -> Outcome:
+        """Upload and commit a saved contribution (idempotent; see the module docstring)."""
+        from krill.chain import errors as E
+        from krill.chain.events import Committed
+
+        digest = bytes.fromhex(pending.digest)
+        existing = self._own_commit(digest)
+        if existing:
+            return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=existing))
+        t = time.perf_counter()
+        uploaded = self._upload(header, files)
+        seconds = dict(seconds) | {"upload": time.perf_counter() - t}
+        t = time.perf_counter()
+        try:
+            receipt = self.backoff.call(lambda: self.chain.commit(self.spec.run_id, pending.model_version,
+                                                                  pending.nonce, digest), "chain (commit)")
+            commit_id = receipt.event(Committed).commit_id
+        except E.CommitVersionTooStale as exc:
+            seconds["commit"] = time.perf_counter() - t
+            return self._finish(self._outcome(STALE, pending, seconds, started, resumed, bytes_uploaded=uploaded,
+                                              detail=f"contract: {exc}"))
+        except (E.CommitDuplicate, E.CommitDigestTaken) as exc:
+            commit_id = self._own_commit(digest)
+            if not commit_id:
+                raise WorkerStateError(f"nonce {pending.nonce} at version {pending.model_version} is already "
+                                       f"committed with another digest ({exc}); the worker state was reused") from exc
+        except (E.StakeJailed, E.StakeNotEligible) as exc:
+            info = self.chain.stake_of(self.who.worker)
+            if info.jailed:
+                raise JailedError(jailed_message(self.who.worker)) from exc
+            raise NotStakedError(f"the contract refuses commits of {self.who.worker} ({exc}): "
+                                 "run `krill worker stake`") from exc
+        seconds["commit"] = time.perf_counter() - t
+        return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=commit_id,
+                                          bytes_uploaded=uploaded))
+
+    def _upload(self, header: bytes, files: dict[str, bytes]) -> int:
+        """Store every file and the header block; check the store names them as the header does."""
+        from krill.store.cid import normalize_cid, raw_block_cid
+
+        refs = json.loads(header)["files"]
+        total = 0
+        for name, data in sorted(files.items()):
+            cid = self.backoff.call(lambda data=data: self.store.add(data, pin=True), f"store (upload {name})")
+            if normalize_cid(cid) != normalize_cid(refs[name]["cid"]):
+                raise WorkerStateError(f"store named {name} {cid}, the header says {refs[name]['cid']}")
+            total += len(data)
+        cid = self.backoff.call(lambda: self.store.put_block(header, pin=True), "store (upload header)")
+        if normalize_cid(cid) != raw_block_cid(header):
+            raise WorkerStateError(f"store named the header {cid}, expected {raw_block_cid(header)}")
+        return total + len(header)
+
+
+def jailed_message(worker: str) -> str:
+    return (f"worker {worker} is jailed: a commit of it was slashed after failing verification, and the "
+            "contract refuses its commits from now on. Stop this worker; a new account "
+            "(`krill keys new`, then `krill worker stake`) is needed to contribute again")

@@ -1,0 +1,32 @@
+"""Errors of the worker role, under the core's `KrillError` root.
+
+Each says what the person running the worker should do next (stake, wait, pick another key).
+"""
+
+from __future__ import annotations
+
+from krill.errors import ChainError, KrillError
+
+
+class WorkerError(KrillError):
+    """The worker cannot go on."""
+
+
+class NotStakedError(WorkerError):
+    """The account is not an eligible worker (no stake, too little, or staked as another role)."""
+
+
+class JailedError(WorkerError):
+    """The account was slashed and jailed: the contract refuses its commits for good."""
+
+
+class KeyMismatchError(WorkerError):
+    """The account is staked with another Ed25519 key than the keystore's."""
+
+
+class StakeError(WorkerError, ChainError):
+    """`krill worker stake` cannot stake (balance, role, key or minimum)."""
+
+
+class WorkerStateError(WorkerError):
+    """The worker's persisted state is damaged or belongs to another run or account."""

@@ -1,0 +1,194 @@
+"""The worker's persisted state: its next nonce and the commit in flight, safe against `kill -9`.
+
+Design decisions:
+- One JSON document per (run, worker) under the worker's state directory
+  (`runs/<run id>/state.json`), replaced atomically: written to a temporary file, fsynced,
+  renamed over the old one, and the directory fsynced. A reader sees the old state or the new,
+  never a torn one.
+- A nonce is reserved (the next nonce persisted as n + 1) before any work is done with n. A crash
+  during sampling or learning leaves a gap in the sequence, never a reuse: the contract keys a
+  commit by (run, worker, version, nonce), and a restarted worker must not sign a second, different
+  contribution under a nonce whose first one might already be on its way.
+- The contribution is made durable before it is committed: the exact bytes (signed header and
+  every file) go to `pending/<digest>/` first, then the state names them as `pending` with
+  (learner version, behaviour version, nonce, digest). After a restart the pending commit is
+  looked up on-chain by digest; if it is there the worker moves on, otherwise it re-uploads the
+  same bytes and commits the same digest. Nothing is recomputed, so the digest cannot change and
+  a commit can never be made twice.
+- Every finished nonce (committed, dropped as stale, ...) is appended to `contributions.jsonl`
+  (fsynced) before the pending entry is cleared; a crash in between repeats the line on restart,
+  marked `resumed`, but never loses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from krill.worker.errors import WorkerStateError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+STATE_FORMAT = "krill-worker-state/1"
+HEADER_FILE = "header.json"
+
+
+class Pending(BaseModel):
+    """A contribution saved locally and not yet known to be on-chain."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_version: int = Field(ge=0, description="Learner version v: what is committed on-chain.")
+    behaviour_version: int = Field(ge=0, description="Version the rollouts were sampled at.")
+    nonce: int = Field(ge=0, lt=1 << 64)
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the signed header (hex).")
+    files: list[str] = Field(description="Names of the files saved beside the header.")
+    summary: dict = Field(default_factory=dict, description="Figures for the status line (reward, tokens, ...).")
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: str = Field(STATE_FORMAT, pattern=r"^krill-worker-state/1$")
+    run_id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    worker: str = Field(pattern=r"^0x[0-9a-f]{40}$")
+    next_nonce: int = Field(0, ge=0, lt=1 << 64)
+    pending: Pending | None = None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class WorkerState:
+    """Nonce sequence, pending commit and outcome log of one worker in one run."""
+
+    def __init__(self, directory: Path, doc: _Document, existed: bool):
+        self.directory = directory
+        self._doc = doc
+        self.existed = existed  # False: a fresh state (the caller may recover the nonce from the chain)
+
+    @classmethod
+    def open(cls, state_dir: Path, run_id: bytes, worker: str) -> WorkerState:
+        directory = Path(state_dir) / "runs" / run_id.hex()
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = directory / "state.json"
+        worker = worker.lower()
+        if not path.exists():
+            state = cls(directory, _Document(run_id=run_id.hex(), worker=worker), existed=False)
+            state._save()
+            return state
+        try:
+            doc = _Document.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError) as exc:
+            raise WorkerStateError(f"worker state {path} is damaged ({exc}); move it aside to start over "
+                                   "(the nonce is then recovered from the chain)") from None
+        if doc.run_id != run_id.hex() or doc.worker != worker:
+            raise WorkerStateError(f"worker state {path} belongs to run {doc.run_id[:16]}… / {doc.worker}, "
+                                   f"not {run_id.hex()[:16]}… / {worker}")
+        return cls(directory, doc, existed=True)
+
+    # ------------------------------------------------------------------ nonces
+    @property
+    def next_nonce(self) -> int:
+        return self._doc.next_nonce
+
+    def reserve_nonce(self) -> int:
+        """The next nonce, persisted as used before it is returned."""
+        nonce = self._doc.next_nonce
+        self._doc.next_nonce = nonce + 1
+        self._save()
+        return nonce
+
+    def advance_to(self, nonce: int) -> None:
+        """Never hand out a nonce below `nonce` (after learning of commits from the chain)."""
+        if nonce > self._doc.next_nonce:
+            self._doc.next_nonce = nonce
+            self._save()
+
+    # ------------------------------------------------------------------ pending commit
+    @property
+    def pending(self) -> Pending | None:
+        return self._doc.pending
+
+    def _pending_dir(self, digest: str) -> Path:
+        return self.directory / "pending" / digest
+
+    def save_pending(self, pending: Pending, header: bytes, files: dict[str, bytes]) -> None:
+        """Make the contribution durable, then name it as pending (in that order)."""
+        if self._doc.pending is not None:
+            raise WorkerStateError(f"a commit is already pending (nonce {self._doc.pending.nonce})")
+        if hashlib.sha256(header).hexdigest() != pending.digest or sorted(files) != sorted(pending.files):
+            raise WorkerStateError("pending entry does not describe the bytes being saved")
+        folder = self._pending_dir(pending.digest)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, data in [(HEADER_FILE, header), *files.items()]:
+            _write_atomic(folder / name, data)
+        self._doc.pending = pending
+        self._save()
+
+    def pending_payload(self) -> tuple[bytes, dict[str, bytes]]:
+        """The saved header and files of the pending commit, checked against its digest."""
+        pending = self._doc.pending
+        if pending is None:
+            raise WorkerStateError("no commit is pending")
+        folder = self._pending_dir(pending.digest)
+        try:
+            header = (folder / HEADER_FILE).read_bytes()
+            files = {name: (folder / name).read_bytes() for name in pending.files}
+        except OSError as exc:
+            raise WorkerStateError(f"saved contribution {folder} is incomplete ({exc})") from None
+        if hashlib.sha256(header).hexdigest() != pending.digest:
+            raise WorkerStateError(f"saved header in {folder} does not hash to the pending digest")
+        return header, files
+
+    def finish(self, outcome: dict) -> None:
+        """Log the outcome of the pending commit, then clear it and delete its saved bytes."""
+        pending = self._doc.pending
+        self.log(outcome)
+        self._doc.pending = None
+        self._save()
+        if pending is not None:
+            shutil.rmtree(self._pending_dir(pending.digest), ignore_errors=True)
+
+    # ------------------------------------------------------------------ outcome log
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "contributions.jsonl"
+
+    def log(self, outcome: dict) -> None:
+        line = json.dumps(outcome, sort_keys=True, separators=(",", ":")) + "\n"
+        with open(self.log_path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def history(self) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        out = []
+        for line in self.log_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:  # a line torn by a crash mid-append; its outcome is logged again on resume
+                continue
+        return out
+
+    def _save(self) -> None:
+        _write_atomic(self.directory / "state.json", self._doc.model_dump_json(indent=1).encode())

@@ -1,0 +1,149 @@
+"""`krill worker run`: start up from the configuration, then contribute until told to stop.
+
+Design decisions:
+- Start-up checks everything a commit would need and says what to do when it is missing: the
+  keystore (runtime.unlock_identity), the chain and the run (load_run checks the spec against the
+  contract), and the stake: staked as a worker, with the keystore's Ed25519 key, above the
+  minimum, not jailed. Each failure is a `WorkerError` naming the command that fixes it.
+- Unreachable chain or store never stops the worker, at start-up or later (`Backoff`).
+- The nonce sequence lives in the state directory; when that state is fresh (first start, or a
+  state directory lost), the next nonce is recovered from this worker's `Committed` events, so a
+  wiped disk cannot make the worker reuse a nonce.
+- Before each contribution the stake is looked at again: a worker slashed and jailed meanwhile
+  stops with a clear message instead of burning gas on reverts.
+- `max_contributions` counts commits that landed (a resumed one included); dropped stale work
+  does not count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from krill.worker.backoff import Backoff
+from krill.worker.contribute import COMMITTED, Contributor, Outcome, jailed_message
+from krill.worker.errors import JailedError, KeyMismatchError, NotStakedError
+from krill.worker.nonce_state import WorkerState
+
+from krill.config import KrillConfig
+
+
+def check_eligible(chain, address: str, ed25519_key: bytes) -> None:
+    """Raise a `WorkerError` unless `address` may commit as a worker with `ed25519_key`."""
+    from krill.chain.types import Role
+
+    info = chain.stake_of(address)
+    if info.jailed:
+        raise JailedError(jailed_message(address))
+    if info.role == 0:
+        raise NotStakedError(f"worker {address} has no stake: run `krill worker stake` first")
+    if info.role != Role.WORKER:
+        raise NotStakedError(f"account {address} is staked as {Role(info.role).name.lower()}, not as a worker: "
+                             "use another keystore for the worker")
+    if info.ed25519_public_key != ed25519_key:
+        raise KeyMismatchError(f"account {address} is staked with Ed25519 key {info.ed25519_public_key.hex()[:16]}…, "
+                               f"the keystore holds {ed25519_key.hex()[:16]}…: use the keystore you staked with")
+    if not chain.is_eligible(address, Role.WORKER):
+        minimum = chain.minimum_stake(Role.WORKER)
+        raise NotStakedError(f"worker {address} has {info.staked} staked, below the minimum of {minimum}: top up "
+                             "with `krill worker stake --amount ...`")
+
+
+def recover_next_nonce(chain, run_id: bytes, worker: str, from_block: int) -> int:
+    """One past the highest nonce this worker committed in the run (0 if none), from chain events."""
+    from krill.chain.events import Committed
+
+    highest = -1
+    for ev in chain.events(from_block, kinds=(Committed,)):
+        if ev.run_id == run_id and ev.worker.lower() == worker.lower():
+            highest = max(highest, ev.nonce)
+    return highest + 1
+
+
+@dataclass
+class WorkerSession:
+    """Everything a running worker holds."""
+
+    config: KrillConfig
+    identity: object
+    chain: object
+    store: object
+    spec: object
+    state: WorkerState
+    contributor: Contributor
+    backoff: Backoff
+
+
+def resolve_shards(wanted: list[int] | None, num_shards: int) -> list[int]:
+    from krill.errors import ConfigError
+
+    if wanted is None:
+        return list(range(num_shards))
+    bad = [s for s in wanted if not 0 <= s < num_shards]
+    if bad or not wanted:
+        raise ConfigError(f"worker.shards: {wanted} must be a non-empty list of shards in 0..{num_shards - 1}")
+    return sorted(set(wanted))
+
+
+def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], None]) -> WorkerSession:
+    from krill.worker.behaviors import get_behavior
+    from krill.worker.source import RunSource
+
+    from krill.protocol.state import load_run
+    from krill.protocol.work import Identity
+    from krill.runtime import (
+        connect_chain,
+        open_configured_store,
+        role_state_dir,
+        run_id_of,
+        unlock_identity,
+    )
+
+    behavior = get_behavior(behavior_name)
+    run_id = run_id_of(config)
+    identity = unlock_identity(config)
+    backoff = Backoff(config.worker.poll_interval_s, config.worker.max_backoff_s, echo)
+    store = open_configured_store(config)
+    chain = backoff.call(lambda: connect_chain(config, identity.account), "chain (connect)")
+    spec = backoff.call(lambda: load_run(chain, store, run_id), "chain/store (run spec)")
+    backoff.call(lambda: check_eligible(chain, identity.address, identity.ed25519_public_key), "chain (stake)")
+    state = WorkerState.open(role_state_dir(config, "worker", identity.address), run_id, identity.address)
+    if not state.existed:
+        state.advance_to(backoff.call(lambda: recover_next_nonce(chain, run_id, identity.address,
+                                                                 config.chain.deploy_block), "chain (events)"))
+    chain_id = backoff.call(lambda: chain.w3.eth.chain_id, "chain (chain id)")
+    who = Identity(chain_id, chain.address, identity.address, identity.signing_key)
+    shards = resolve_shards(config.worker.shards, spec.num_shards)
+    source = RunSource(chain, store, spec, keep=spec.staleness.max_staleness + 2)
+    contributor = Contributor(chain, store, spec, source, who, behavior, shards, state, backoff, echo)
+    return WorkerSession(config, identity, chain, store, spec, state, contributor, backoff)
+
+
+def run_worker(config: KrillConfig, behavior: str | None = None, max_contributions: int | None = None,
+               echo: Callable[[str], None] = print) -> list[Outcome]:
+    """Contribute until `max_contributions` commits landed (None: forever); returns the outcomes."""
+    from krill.runtime import set_threads
+
+    set_threads(config.worker.threads)
+    behavior = behavior or config.worker.behavior
+    limit = max_contributions if max_contributions is not None else config.worker.max_contributions
+    session = open_session(config, behavior, echo)
+    s = session
+    echo(f"worker {s.identity.address} | run {s.spec.run_id.hex()[:16]}… ({s.spec.name}) | behaviour {behavior} | "
+         f"shards {s.contributor.shards} | next nonce {s.state.next_nonce}"
+         + (f" | resuming nonce {s.state.pending.nonce}" if s.state.pending else ""))
+    outcomes: list[Outcome] = []
+    committed = 0
+    resumed = s.contributor.resume()
+    if resumed is not None:
+        echo(resumed.line())
+        outcomes.append(resumed)
+        committed += resumed.status == COMMITTED
+    while limit is None or committed < limit:
+        s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
+                       "chain (stake)")
+        outcome = s.contributor.contribute()
+        echo(outcome.line())
+        outcomes.append(outcome)
+        committed += outcome.status == COMMITTED
+    return outcomes

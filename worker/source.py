@@ -1,0 +1,114 @@
+"""Where a worker's model versions come from: the chain says which, the store holds them.
+
+Design decisions:
+- The chain is the only clock: `latest()` is the run's `latestVersion`; a version is fetched by
+  the digests `publishVersion` put on-chain (`load_chain_version`), verified on fetch, and cached
+  by version number (a published version never changes). The cache keeps the few newest
+  versions, enough for a behaviour version and a learner version up to S_max apart.
+- Two policies, two model instances: the behaviour policy (a rollout engine) samples with the
+  weights it has while newer versions appear; the learner computes gradients at the newest
+  version the worker holds. Each follows its own version and reloads weights only when that
+  version changes, so asynchrony never mixes one policy's weights into the other.
+- The tokenizer and task are fixed for the run (manifest tokenizer CID, spec task) and loaded once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from krill.protocol.spec import RunSpec
+from krill.protocol.state import VersionState
+
+
+class RunSource:
+    """Published versions of one run, from chain + store, cached by version."""
+
+    def __init__(self, chain, store, spec: RunSpec, keep: int = 4):
+        self.chain = chain
+        self.store = store
+        self.spec = spec
+        self.keep = max(2, int(keep))
+        self._states: OrderedDict[int, VersionState] = OrderedDict()
+        self._tokenizer = None
+        self._task = None
+
+    def latest(self) -> int:
+        return int(self.chain.run_of(self.spec.run_id).latest_version)
+
+    def version(self, version: int) -> VersionState:
+        from krill.protocol.state import load_chain_version
+
+        state = self._states.get(version)
+        if state is None:
+            state = load_chain_version(self.chain, self.store, self.spec, version)
+            state.all_tensors()  # fetch every shard now, while the caller handles outages
+            self._states[version] = state
+            while len(self._states) > self.keep:
+                self._states.popitem(last=False)
+        else:
+            self._states.move_to_end(version)
+        return state
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from krill.protocol.policy import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.version(0))
+        return self._tokenizer
+
+    @property
+    def task(self):
+        if self._task is None:
+            from krill.rl.tasks import get_task
+
+            self._task = get_task(self.spec.task)
+        return self._task
+
+    def grad_lengths(self, version: int) -> dict[int, dict[str, int]]:
+        """Per shard, tensor name -> number of values on version `version`'s public mask."""
+        state = self.version(version)
+        masks = state.masks()
+        return {s: {n: int(masks[n].numel()) for n in state.manifest.shard_names(s)}
+                for s in range(state.manifest.num_shards)}
+
+
+class BehaviourPolicy:
+    """The rollout engine, holding the weights of one version at a time."""
+
+    def __init__(self, source: RunSource):
+        self.source = source
+        self.engine = None
+
+    def at(self, version: int):
+        state = self.source.version(version)
+        if self.engine is None:
+            from krill.protocol.policy import build_model
+            from krill.rl.engine.hf import HFEngine
+
+            tok = self.source.tokenizer
+            self.engine = HFEngine(build_model(state), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                                   version=version)
+        elif self.engine.version != version:
+            self.engine.load_state_dict(state.all_tensors(), version)
+        return self.engine
+
+
+class LearnerPolicy:
+    """The model gradients are computed with, holding the weights of one version at a time."""
+
+    def __init__(self, source: RunSource):
+        self.source = source
+        self.model = None
+        self.version: int | None = None
+
+    def at(self, version: int):
+        from krill.protocol.policy import build_model, load_weights
+
+        state = self.source.version(version)
+        if self.model is None:
+            self.model = build_model(state)
+        elif self.version != version:
+            load_weights(self.model, state)
+        self.version = version
+        return self.model, state
