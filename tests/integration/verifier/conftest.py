@@ -1,0 +1,167 @@
+"""A real run for the verifier: Anvil, the deployed contracts, a tiny published model, staked workers.
+
+Each test module gets its own Anvil node (started on a free port, stopped by PID), so block
+numbers, windows and cursors of one module never leak into another. Contributions are produced
+with the protocol core (`sample` / `learn` / `package`), uploaded to a real LocalStore and
+committed on-chain, honestly or with one specific forgery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+from nacl.signing import SigningKey
+
+from krill.chain.anvil import AnvilProcess
+from krill.chain.client import KrillChain
+from krill.chain.deploy import TOKEN, deploy, fund_accounts
+from krill.chain.events import Committed
+from krill.chain.rpc import connect_http, dev_accounts, mine
+from krill.chain.types import Role, RunParams
+from krill.model.build import TinyModelSpec, build_tiny_model
+from krill.model.publish import publish_model_dir
+from krill.payload.limits import PayloadLimits
+from krill.protocol.spec import ChainSpec, RolloutSpec, RunSpec, publish_spec
+from krill.store.local import LocalStore
+
+WINDOW = 30
+TINY = TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64)
+ADMIN, WORKER_A, WORKER_B, VERIFIER, CLI_VERIFIER = 0, 1, 2, 3, 4
+
+
+@dataclass
+class RunEnv:
+    anvil: AnvilProcess
+    w3: object
+    accounts: list
+    protocol: str
+    store: LocalStore
+    store_path: object
+    spec: RunSpec
+    keys: dict
+    clients: dict = field(default_factory=dict)
+    nonces: dict = field(default_factory=dict)
+    _base: object = None
+    _engine: object = None
+
+    def at(self, index: int) -> KrillChain:
+        if index not in self.clients:
+            self.clients[index] = KrillChain(self.w3, self.protocol, self.accounts[index])
+        return self.clients[index]
+
+    def address(self, index: int) -> str:
+        return self.accounts[index].address
+
+    def head(self) -> int:
+        return self.w3.eth.block_number
+
+    def mine(self, blocks: int = 1) -> int:
+        return mine(self.w3, blocks)
+
+    def next_nonce(self, worker: int) -> int:
+        counter = self.nonces.setdefault(worker, itertools.count())
+        return next(counter)
+
+    def base(self):
+        from krill.protocol.state import load_chain_version
+
+        if self._base is None:
+            self._base = load_chain_version(self.at(ADMIN), self.store, self.spec, 0)
+        return self._base
+
+    def produce(self, worker: int, tamper: str | None = None):
+        """Produce, upload (unless withheld) and commit one contribution; returns (commit id, header)."""
+        from krill.protocol.policy import build_model, load_tokenizer
+        from krill.protocol.work import (
+            Identity,
+            Sampled,
+            assigned_prompts,
+            compute_rewards,
+            derived_seed,
+            learn,
+            package,
+            sample,
+            sampling_params,
+        )
+        from krill.rl.engine.hf import HFEngine
+        from krill.rl.tasks import get_task
+
+        spec, base = self.spec, self.base()
+        task, tok = get_task(spec.task), load_tokenizer(base)
+        if self._engine is None:
+            self._engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=0)
+        engine, address, nonce = self._engine, self.address(worker).lower(), self.next_nonce(worker)
+        key = SigningKey(b"\x77" * 32) if tamper == "signature" else self.keys[worker]
+        who = Identity(self.w3.eth.chain_id, self.protocol, address, key)
+        if tamper == "fabricate":
+            # Real completions of the right prompts, sampled from another seed: not what the committed
+            # seed draws. Rewards and gradients are computed honestly on them.
+            indices, prompts, metas = assigned_prompts(spec, task, tok, address, 0, nonce)
+            seed = derived_seed(spec, b"sampling", address, 0, nonce) ^ 0x5A5A
+            rollouts = engine.generate(prompts, sampling_params(spec, task), seed)
+            sampled = Sampled(0, nonce, indices, rollouts, compute_rewards(spec, task, tok, rollouts, metas))
+        else:
+            sampled = sample(spec, task, tok, engine, address, nonce)
+        if tamper == "rewards":
+            sampled.rewards = 1.0 - sampled.rewards
+        learned = learn(spec, engine.model, base, sampled, [0, 1], tok.pad_token_id)
+        if tamper == "gradient":
+            rng = np.random.default_rng(nonce)
+            learned.values = {s: {n: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.05)
+                                  for n, v in values.items()} for s, values in learned.values.items()}
+        header, files = package(spec, task, who, base, sampled, learned)
+        if tamper != "withhold":
+            for data in files.values():
+                self.store.add(data)
+            self.store.put_block(header.encode())
+        receipt = self.at(worker).commit(spec.run_id, 0, nonce, header.digest)
+        return receipt.event(Committed).commit_id, header
+
+
+def start_run_env(tmp_path_factory, name: str) -> RunEnv:
+    root = tmp_path_factory.mktemp(name)
+    anvil = AnvilProcess.start()
+    try:
+        w3 = connect_http(anvil.rpc_url)
+        accounts = dev_accounts(6)
+        admin = accounts[ADMIN]
+        deployment = deploy(w3, admin)
+        fund_accounts(w3, deployment, admin, [a.address for a in accounts], 10_000 * TOKEN)
+        torch.manual_seed(0)
+        _, tokenizer = build_tiny_model(seed=3, spec=TINY, directory=root / "model")
+        store = LocalStore(root / "store")
+        manifest, manifest_cid = publish_model_dir(store, root / "model", num_shards=2)
+        chain_spec = ChainSpec(check_probability_ppm=1_000_000, challenge_window_blocks=WINDOW, attestation_quorum=1)
+        spec = RunSpec(name=name, seed=7, task="arithmetic", base_manifest_cid=manifest_cid, num_shards=2,
+                       rollout=RolloutSpec(prompts_per_contribution=4, group_size=4), chain=chain_spec,
+                       limits=PayloadLimits(vocab_size=len(tokenizer)))
+        publish_spec(store, spec)
+        c = spec.chain
+        params = RunParams(coordinator=admin.address, max_staleness=c.max_staleness,
+                           attestation_quorum=c.attestation_quorum, slash_fraction_bps=c.slash_fraction_bps,
+                           verifier_bounty_bps=c.verifier_bounty_bps, check_probability_ppm=c.check_probability_ppm,
+                           challenge_window_blocks=c.challenge_window_blocks, reward_per_version=c.reward_per_version)
+        admin_chain = KrillChain(w3, deployment.protocol, admin)
+        admin_chain.create_run(spec.run_id, hashlib.sha256(manifest.canonical_bytes()).digest(), params)
+        keys = {i: SigningKey(bytes([i + 1]) * 32) for i in range(len(accounts))}
+        env = RunEnv(anvil, w3, accounts, deployment.protocol, store, root / "store", spec, keys)
+        for index, role in ((WORKER_A, Role.WORKER), (WORKER_B, Role.WORKER), (VERIFIER, Role.VERIFIER)):
+            client = env.at(index)
+            client.approve_stake(200 * TOKEN)
+            client.stake(role, 200 * TOKEN, bytes(keys[index].verify_key))
+        return env
+    except BaseException:
+        anvil.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def run_env(tmp_path_factory, request):
+    env = start_run_env(tmp_path_factory, request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")[:40])
+    yield env
+    env.anvil.stop()

@@ -1,0 +1,128 @@
+"""The verifier loop against a real chain and store: honest work passes, each forgery fails at its check."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+from conftest import VERIFIER, WINDOW, WORKER_A, WORKER_B
+from krill.verifier.attest import Who
+from krill.verifier.evidence import load_evidence
+from krill.verifier.loop import LoopSettings, VerifierLoop
+from krill.verifier.select import unavailable_after
+from krill.verifier.state import ATTESTED, PENDING, VerifierState
+
+from krill.store.cid import digest_to_cid
+
+CHECKS = ["signature", "payload", "assignment", "rewards", "resample", "gradient"]
+
+
+def make_loop(env, path, start_block: int, lines: list[str]) -> VerifierLoop:
+    chain = env.at(VERIFIER)
+    state = VerifierState(path, contract=env.protocol, run_id=env.spec.run_id, verifier=env.address(VERIFIER))
+    who = Who(env.w3.eth.chain_id, env.protocol, env.address(VERIFIER), bytes(env.keys[VERIFIER].verify_key), "hf-torch")
+    return VerifierLoop(chain, env.store, env.spec, state, who,
+                        LoopSettings(poll_interval_s=0.05, max_backoff_s=1.0, payload_retry_s=0.05),
+                        echo=lines.append, start_block=start_block)
+
+
+def drive(env, loop: VerifierLoop, commit_ids: list[int], timeout: float = 60.0) -> None:
+    """Step the loop until every commit is decided, mining a block when randomness needs one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loop.step()
+        if all(loop.state.decision(c).status != PENDING for c in commit_ids):
+            return
+        env.mine(1)
+    raise AssertionError(f"commits {commit_ids} still pending: {[loop.state.decision(c) for c in commit_ids]}")
+
+
+def verdict(env, loop: VerifierLoop, commit_id: int):
+    """The on-chain attestation and the evidence document it points to (checked to match)."""
+    decision = loop.state.decision(commit_id)
+    assert decision.status == ATTESTED, decision
+    onchain = env.at(VERIFIER).attestation_of(commit_id, env.address(VERIFIER))
+    assert onchain.exists and onchain.ok == decision.ok
+    assert digest_to_cid(onchain.evidence_digest) == decision.evidence_cid
+    evidence = load_evidence(env.store, decision.evidence_cid)
+    assert hashlib.sha256(evidence.encode()).digest() == onchain.evidence_digest
+    assert evidence.commit_id == commit_id and evidence.ok == onchain.ok
+    return evidence
+
+
+def test_honest_contributions_pass_every_check(run_env, tmp_path):
+    env, lines = run_env, []
+    start = env.head()
+    ids = [env.produce(worker)[0] for worker in (WORKER_A, WORKER_A, WORKER_B)]
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    drive(env, loop, ids)
+    for commit_id in ids:
+        evidence = verdict(env, loop, commit_id)
+        assert evidence.ok and evidence.reason == "passed", evidence.checks
+        assert [c.name for c in evidence.checks] == CHECKS
+        assert evidence.gradient_shard in (0, 1)
+        resample = next(c for c in evidence.checks if c.name == "resample")
+        assert resample.figures["token_mismatches"] == 0
+    assert sum("PASS" in line for line in lines) == 3, lines
+    assert loop.replayer.policies.loads == 1  # one model for version 0, reused for every replay
+
+
+@pytest.mark.parametrize(("tamper", "failed", "field"), [
+    ("signature", "signature", "header.ed25519_key"),
+    ("rewards", "rewards", None),
+    ("fabricate", "resample", None),
+    ("gradient", "gradient", None),
+])
+def test_each_forgery_fails_at_its_check(run_env, tmp_path, tamper, failed, field):
+    env, lines = run_env, []
+    start = env.head()
+    commit_id, _ = env.produce(WORKER_B, tamper=tamper)
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    drive(env, loop, [commit_id])
+    evidence = verdict(env, loop, commit_id)
+    assert not evidence.ok and evidence.reason == failed
+    names = [c.name for c in evidence.checks]
+    assert names == CHECKS[:CHECKS.index(failed) + 1]  # cheapest first, stops at the first failure
+    assert all(c.ok for c in evidence.checks[:-1]) and not evidence.checks[-1].ok
+    assert evidence.failed_field == field
+    assert any(f"FAIL at {failed}" in line for line in lines), lines
+
+
+def test_withheld_payload_is_attested_unavailable_near_the_window_end(run_env, tmp_path):
+    env, lines = run_env, []
+    start = env.head()
+    commit_id, _ = env.produce(WORKER_A, tamper="withhold")
+    commit_block = env.at(VERIFIER).commit_of(commit_id).commit_block
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    env.mine(2)
+    loop.step()
+    assert loop.state.decision(commit_id).status == PENDING  # still retrying, not yet judged
+    assert any("waiting" in line for line in lines), lines
+    env.mine(unavailable_after(commit_block, WINDOW) - env.head())
+    time.sleep(LoopSettings().payload_retry_s * 4)
+    drive(env, loop, [commit_id])
+    evidence = verdict(env, loop, commit_id)
+    assert not evidence.ok and evidence.reason == "unavailable"
+    assert [c.name for c in evidence.checks] == ["availability"]
+
+
+def test_a_restart_after_an_unrecorded_attestation_does_not_attest_again(run_env, tmp_path):
+    env, lines = run_env, []
+    start = env.head()
+    commit_id, _ = env.produce(WORKER_A)
+    path = tmp_path / "state.sqlite"
+    loop = make_loop(env, path, start, lines)
+    drive(env, loop, [commit_id])
+    assert loop.attested == 1
+    # Crash between the mined attestation and the state update: the row is pending again.
+    loop.state._db.execute("UPDATE commits SET status = 'pending' WHERE commit_id = ?", (commit_id,))
+    loop.state.close()
+    again = make_loop(env, path, start, lines)
+    drive(env, again, [commit_id])
+    assert again.attested == 0
+    decision = again.state.decision(commit_id)
+    assert decision.status == ATTESTED and decision.ok and decision.reason == "found on chain (earlier run)"
+    attested = [e for e in env.at(VERIFIER).events(start) if type(e).__name__ == "Attested"
+                and e.commit_id == commit_id]
+    assert len(attested) == 1

@@ -1,0 +1,210 @@
+"""The verifier's loop: see commits on-chain, decide which to check, replay, attest; survive everything.
+
+Design decisions:
+- Two persisted things drive it (`state.VerifierState`): the block cursor over Committed events
+  and the set of pending commits. Each pass handles pending commits oldest first, which is also
+  nearest deadline first, and re-reads the chain head after each replay, since replays are the
+  slow part and windows are counted in blocks.
+- Per commit: window still open? randomness sealed (seal it once the next block exists)?
+  selected for this verifier's key? already attested by this account on-chain (a crash right
+  after attesting)? Only then replay and attest. Every way out is recorded exactly once.
+- The randomness block is waited for, not mined: on a live chain (and in the demo) other
+  transactions make blocks. On a devnet (Anvil's chain id) with no traffic the loop mines it
+  after `devnet_mine_after_s`, so a quiet local run does not stall.
+- Faults: an unreachable chain or store aborts the pass and the loop backs off exponentially up
+  to `max_backoff_s`; a worker payload that cannot be fetched is retried per commit with its own
+  back-off until the last quarter of the window, then attested as unavailable; run data that
+  cannot be loaded is retried and, if the window closes, recorded as missed (never the
+  worker's fault). A bug while handling one commit is recorded as `error` for that commit and
+  the loop goes on; losing eligibility to attest stops the loop with the contract's reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from krill.verifier import select
+from krill.verifier.attest import Who, attest
+from krill.verifier.replay import PayloadUnavailable, Replayer, RunDataUnavailable, unavailable_result
+from krill.verifier.state import ATTESTED, ERROR, MISSED, SKIPPED, Job, VerifierState
+
+from krill.chain import errors as E
+from krill.errors import ChainUnavailableError, StoreUnavailableError
+
+UNREACHABLE = (ChainUnavailableError, StoreUnavailableError, OSError)
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    poll_interval_s: float = 0.5
+    max_backoff_s: float = 30.0
+    confirmations: int = 0
+    payload_retry_s: float = 0.5
+    # Devnets only (Anvil's chain id): blocks appear only with transactions, so after this long
+    # without the block after a commit, mine it (`seal_randomness_now`). None: always wait.
+    devnet_mine_after_s: float | None = None
+
+
+DEVNET_CHAIN_IDS = (31337,)
+
+
+class VerifierLoop:
+    """One verifier on one run."""
+
+    def __init__(self, chain, store, spec, state: VerifierState, who: Who, settings: LoopSettings = LoopSettings(),
+                 echo: Callable[[str], None] = print, start_block: int | None = None):
+        self.chain, self.store, self.spec, self.state, self.who = chain, store, spec, state, who
+        self.settings = settings
+        self.echo = echo
+        self.replayer = Replayer(chain, store, spec, who.key, who.chain_id)
+        self.window = spec.chain.challenge_window_blocks
+        self.attested = 0
+        self._retry_at: dict[int, tuple[float, float]] = {}  # commit id -> (next try, current delay)
+        self._waiting_since: dict[int, float] = {}  # commit id -> when it first waited for randomness
+        cursor = state.cursor()
+        if cursor is None:
+            created = chain.run_of(spec.run_id).created_block
+            cursor = max(created, start_block or 0)
+        self._stream = chain.event_stream(from_block=cursor, confirmations=settings.confirmations)
+
+    # ------------------------------------------------------------------ events
+
+    def poll_events(self) -> int:
+        """Record newly committed contributions of this run as pending; returns how many."""
+        from krill.chain.events import Committed
+
+        events = self._stream.poll((Committed,))
+        jobs = [Job(e.commit_id, e.worker, e.version, e.nonce, e.header_digest, e.block_number)
+                for e in events if e.run_id == self.spec.run_id]
+        return self.state.add_jobs(jobs, self._stream.next_block)
+
+    # ------------------------------------------------------------------ one pass
+
+    def step(self) -> int:
+        """Poll events and handle every pending commit that is due; returns attestations sent."""
+        self.poll_events()
+        before = self.attested
+        for job in self.state.pending():
+            due = self._retry_at.get(job.commit_id)
+            if due is not None and time.monotonic() < due[0]:
+                continue
+            try:
+                self._handle(job)
+            except UNREACHABLE:
+                raise
+            except E.StakeNotEligible:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one commit's bug must not stop the verifier; recorded
+                self.state.finish(job.commit_id, ERROR, reason=f"{type(exc).__name__}: {exc}"[:500])
+                self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  ERROR (not attested): "
+                          f"{type(exc).__name__}: {exc}")
+        return self.attested - before
+
+    def _handle(self, job: Job) -> None:
+        head = self.chain.block_number()
+        if not select.can_still_attest(head, job.commit_block, self.window):
+            self.state.finish(job.commit_id, MISSED, reason="challenge window closed before a verdict")
+            return
+        try:
+            randomness = select.ensure_randomness(self.chain, job.commit_id, job.commit_block, head)
+        except E.RandomnessExpired:
+            self.state.finish(job.commit_id, MISSED, reason="randomness block expired before it was sealed")
+            return
+        if randomness is None:
+            randomness = self._devnet_randomness(job)
+        if randomness is None:
+            return  # the block after the commit does not exist yet
+        self._waiting_since.pop(job.commit_id, None)
+        if not select.is_selected(self.chain, job.commit_id, self.who.key):
+            self.state.finish(job.commit_id, SKIPPED, reason="not selected")
+            return
+        earlier = self.chain.attestation_of(job.commit_id, self.who.address)
+        if earlier.exists:
+            self.state.finish(job.commit_id, ATTESTED, ok=bool(earlier.ok), reason="found on chain (earlier run)")
+            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  already attested "
+                      f"{'PASS' if earlier.ok else 'FAIL'} on-chain; recorded")
+            return
+        started = time.perf_counter()
+        try:
+            result = self.replayer.replay(job, randomness)
+        except PayloadUnavailable as exc:
+            head = self.chain.block_number()
+            if head < select.unavailable_after(job.commit_block, self.window):
+                self._retry_later(job, f"payload not available yet ({exc})")
+                return
+            result = unavailable_result(f"unavailable until block {head}: {exc}", time.perf_counter() - started)
+        except RunDataUnavailable as exc:
+            self._retry_later(job, f"run data not available ({exc}); retrying")
+            return
+        self._retry_at.pop(job.commit_id, None)
+        head = self.chain.block_number()
+        if not select.can_still_attest(head, job.commit_block, self.window):
+            self.state.finish(job.commit_id, MISSED, ok=result.ok, reason="replay finished after the window closed")
+            self.echo(_line(job, result, time.perf_counter() - started, "missed the window, not attested"))
+            return
+        outcome = attest(self.chain, self.store, self.spec, self.who, job, randomness, result)
+        if outcome.status == "window_closed":
+            self.state.finish(job.commit_id, MISSED, ok=result.ok, reason="window closed while attesting",
+                              evidence_cid=outcome.evidence_cid)
+            self.echo(_line(job, result, time.perf_counter() - started, "missed the window, not attested"))
+            return
+        note = "found on chain (earlier run)" if outcome.status == "duplicate" else result.reason
+        self.state.finish(job.commit_id, ATTESTED, ok=outcome.ok, reason=note, evidence_cid=outcome.evidence_cid,
+                          tx_hash=outcome.tx_hash)
+        if outcome.status == "attested":
+            self.attested += 1
+        self.echo(_line(job, result, time.perf_counter() - started,
+                        f"evidence {outcome.evidence_cid}" if outcome.evidence_cid else "attested earlier"))
+
+    def _devnet_randomness(self, job: Job) -> bytes | None:
+        after = self.settings.devnet_mine_after_s
+        if after is None:
+            return None
+        since = self._waiting_since.setdefault(job.commit_id, time.monotonic())
+        if time.monotonic() - since < after:
+            return None
+        return self.chain.seal_randomness_now(job.commit_id)
+
+    def _retry_later(self, job: Job, why: str) -> None:
+        _, delay = self._retry_at.get(job.commit_id, (0.0, 0.0))
+        if delay == 0.0:
+            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  waiting: {why}")
+        delay = min(self.settings.max_backoff_s, max(self.settings.payload_retry_s, delay * 2))
+        self._retry_at[job.commit_id] = (time.monotonic() + delay, delay)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, max_attestations: int | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Step until stopped (or `max_attestations` were sent), backing off while chain or store are down."""
+        delay = self.settings.poll_interval_s
+        while not should_stop():
+            try:
+                self.step()
+                delay = self.settings.poll_interval_s
+            except UNREACHABLE as exc:
+                self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {delay:.1f}s")
+                time.sleep(delay)
+                delay = min(self.settings.max_backoff_s, delay * 2)
+                continue
+            if max_attestations is not None and self.attested >= max_attestations:
+                return
+            time.sleep(self.settings.poll_interval_s)
+
+
+def _short(address: str) -> str:
+    return f"{address[:6]}…{address[-4:]}"
+
+
+def _line(job: Job, result, seconds: float, tail: str) -> str:
+    stages = " ".join(f"{c.name} {c.ms / 1000:.3f}s" for c in result.checks)
+    if result.ok:
+        verdict = "PASS"
+    else:
+        last = result.checks[-1] if result.checks else None
+        detail = f" ({last.detail[:120]})" if last is not None else ""
+        verdict = f"FAIL at {result.reason}{detail}"
+    behaviour = "" if result.behaviour_version is None else f" b{result.behaviour_version}"
+    return (f"commit {job.commit_id}  worker {_short(job.worker)}  v{job.version}{behaviour}  {verdict}  "
+            f"[{stages}]  total {seconds:.2f}s  {tail}")

@@ -1,0 +1,333 @@
+"""Replay one selected commit, cheapest check first, and stop at the first failure.
+
+Design decisions:
+- Stages, in order of cost: `signature` (the header's digest, canonical form, context named by
+  the chain, and its Ed25519 signature against the key the worker STAKED, before any file is
+  fetched); `payload` (every file fetched with the size the signed header states as the cap,
+  then sizes, hashes, CIDs and tensor decoding via `validate_contribution`); `assignment`
+  (prompts, seeds, sampling parameters, behaviour staleness); `rewards`; `resample` (exact
+  re-sampling from the committed seed at the behaviour version); `gradient` (one shard, drawn by
+  `select.gradient_shard`). The protocol core (`krill.protocol.work`) owns the comparisons, so
+  the worker and the verifier cannot drift apart.
+- Whose fault: a worker payload that cannot be fetched raises `PayloadUnavailable` (the loop
+  retries, and attests "unavailable" only near the end of the window); a version, tokenizer or
+  shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
+  never attested). Errors that untrusted input can provoke (`PayloadError`, `EngineError`,
+  `GradientError`, `TaskError`) fail the stage with their field; anything else is a bug and
+  propagates.
+- Cost (issue 8 compares it with the worker's): version states, models, engines and the
+  tokenizer are cached per version (shard tensors are fetched once per version), the task is
+  built once, and only one shard's gradient is recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from krill.verifier.evidence import CheckRecord, check_record
+from krill.verifier.select import gradient_shard
+from krill.verifier.state import Job
+
+from krill.errors import (
+    ContentNotFoundError,
+    IntegrityError,
+    ModelError,
+    PayloadError,
+    StoreError,
+    StoreUnavailableError,
+)
+from krill.payload.errors import DigestMismatchError, PayloadTooLargeError, SchemaError, ValueRangeError
+from krill.protocol.work import CheckOutcome
+
+
+class PayloadUnavailable(StoreError):
+    """The worker's header or a file it names cannot be fetched right now."""
+
+
+class RunDataUnavailable(StoreError):
+    """A version, shard or tokenizer of the run cannot be loaded (not the worker's fault)."""
+
+
+@dataclass
+class ReplayResult:
+    """The outcome of replaying one commit."""
+
+    ok: bool
+    reason: str
+    checks: list[CheckRecord]
+    failed_field: str | None = None
+    behaviour_version: int | None = None
+    gradient_shard: int | None = None
+
+    @property
+    def failed_check(self) -> str | None:
+        return None if self.ok else self.checks[-1].name if self.checks else self.reason
+
+
+class Policies:
+    """Version states, models and engines of one run, cached by version (least recently used out)."""
+
+    def __init__(self, chain, store, spec, max_models: int = 3):
+        self.chain, self.store, self.spec = chain, store, spec
+        self.max_models = max_models
+        self._states: OrderedDict[int, object] = OrderedDict()
+        self._models: OrderedDict[int, object] = OrderedDict()
+        self._tokenizer = None
+        self._task = None
+        self.loads = 0
+
+    def _load(self, what: str, fn: Callable):
+        try:
+            return fn()
+        except (ContentNotFoundError, StoreUnavailableError, IntegrityError, ModelError) as exc:
+            raise RunDataUnavailable(f"{what}: {exc}") from exc
+
+    def state(self, version: int):
+        from krill.protocol.state import load_chain_version
+
+        if version not in self._states:
+            self._states[version] = self._load(f"version {version}",
+                                               lambda: load_chain_version(self.chain, self.store, self.spec, version))
+            while len(self._states) > self.max_models + 2:
+                self._states.popitem(last=False)
+        self._states.move_to_end(version)
+        return self._states[version]
+
+    def model(self, version: int):
+        from krill.protocol.policy import build_model
+
+        if version not in self._models:
+            state = self.state(version)
+            self._models[version] = self._load(f"weights of version {version}", lambda: build_model(state))
+            self.loads += 1
+            while len(self._models) > self.max_models:
+                self._models.popitem(last=False)
+        self._models.move_to_end(version)
+        return self._models[version]
+
+    def engine(self, version: int):
+        from krill.rl.engine.hf import HFEngine
+
+        tok = self.tokenizer()
+        return HFEngine(self.model(version), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=version)
+
+    def tokenizer(self):
+        from krill.protocol.policy import load_tokenizer
+
+        if self._tokenizer is None:
+            self._tokenizer = self._load("tokenizer", lambda: load_tokenizer(self.state(0)))
+        return self._tokenizer
+
+    def task(self):
+        from krill.rl.tasks import get_task
+
+        if self._task is None:
+            self._task = get_task(self.spec.task)
+        return self._task
+
+    def grad_lengths(self, version: int) -> dict[int, dict[str, int]]:
+        state = self.state(version)
+        masks = self._load(f"masks of version {version}", state.masks)
+        return {s: {n: int(masks[n].numel()) for n in state.manifest.shard_names(s)}
+                for s in range(state.manifest.num_shards)}
+
+
+# Errors untrusted input can provoke inside a check: a failed check, never a crash.
+def _input_errors() -> tuple[type[Exception], ...]:
+    from krill.rl.engine.base import EngineError
+    from krill.rl.gradient import GradientError
+    from krill.rl.tasks.base import TaskError
+
+    return (PayloadError, EngineError, GradientError, TaskError)
+
+
+@dataclass
+class _Run:
+    """Accumulates the stages of one replay."""
+
+    checks: list[CheckRecord] = field(default_factory=list)
+    failed_field: str | None = None
+
+    def stage(self, name: str, fn: Callable[[], CheckOutcome]) -> bool:
+        started = time.perf_counter()
+        try:
+            outcome = fn()
+        except _input_errors() as exc:
+            if isinstance(exc, PayloadError):
+                self.failed_field = exc.field
+            outcome = CheckOutcome(name, False, str(exc), {"error": type(exc).__name__,
+                                                           "field": getattr(exc, "field", None)})
+        self.checks.append(check_record(name, outcome.ok, outcome.detail, outcome.figures,
+                                        time.perf_counter() - started))
+        return outcome.ok
+
+
+class Replayer:
+    """Replays selected commits of one run for one verifier."""
+
+    def __init__(self, chain, store, spec, verifier_key: bytes, chain_id: int):
+        self.chain, self.store, self.spec = chain, store, spec
+        self.verifier_key = bytes(verifier_key)
+        self.chain_id = chain_id
+        self.contract = chain.address.lower()
+        self.policies = Policies(chain, store, spec)
+
+    # ------------------------------------------------------------------ fetching
+
+    def _fetch(self, cid: str, cap: int, name: str) -> bytes:
+        from krill.store.unixfs import ObjectTooLargeError
+
+        try:
+            return self.store.get(cid, max_bytes=cap)
+        except ObjectTooLargeError:
+            raise PayloadTooLargeError(f"content of {cid} is larger than the {cap} bytes allowed", field=name) from None
+        except (ContentNotFoundError, StoreUnavailableError, IntegrityError) as exc:
+            raise PayloadUnavailable(f"{name} ({cid}): {exc}") from exc
+        except StoreError as exc:
+            raise PayloadUnavailable(f"{name} ({cid}): {type(exc).__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------ the replay
+
+    def replay(self, job: Job, randomness: bytes) -> ReplayResult:
+        """Every check on `job`, cheapest first; raises PayloadUnavailable / RunDataUnavailable to retry."""
+        from krill.payload.contribution import ExpectedContext
+        from krill.store.cid import digest_to_cid
+
+        spec, limits, run = self.spec, self.spec.limits, _Run()
+        learner_state = self.policies.state(job.version)
+        from web3 import Web3
+
+        staked_key = self.chain.stake_of(Web3.to_checksum_address(job.worker)).ed25519_public_key
+        context = ExpectedContext(run_id=spec.run_id.hex(), chain_id=self.chain_id, contract=self.contract,
+                                  worker=job.worker.lower(), ed25519_key=staked_key.hex(), model_version=job.version,
+                                  manifest_cid=learner_state.manifest_cid, digest=job.header_digest)
+        header_bytes = None
+        fetch_started = time.perf_counter()
+        try:
+            header_bytes = self._fetch(digest_to_cid(job.header_digest), limits.max_header_bytes, "header")
+        except PayloadTooLargeError as exc:
+            run.failed_field = exc.field
+            run.checks.append(check_record("signature", False, str(exc), {}, time.perf_counter() - fetch_started))
+            return self._result(run, None, None)
+        header = None
+
+        def signature() -> CheckOutcome:
+            nonlocal header
+            header = _check_header(header_bytes, limits, context)
+            return CheckOutcome("signature", True, "digest, context and Ed25519 signature match the staked key",
+                                {"header_bytes": len(header_bytes)})
+
+        if not run.stage("signature", signature):
+            return self._result(run, None, None)
+        behaviour = header.behaviour_version
+        lengths = self.policies.grad_lengths(job.version)
+        contribution = None
+
+        def payload() -> CheckOutcome:
+            nonlocal contribution
+            contribution = self._payload(header, header_bytes, context, lengths)
+            batch = contribution.rollouts
+            return CheckOutcome("payload", True, f"{batch.n_sequences} sequences, {batch.n_tokens} tokens, "
+                                f"shards {sorted(contribution.gradients)}",
+                                {"bytes": sum(ref.size for ref in header.files.values()),
+                                 "sequences": batch.n_sequences, "tokens": batch.n_tokens})
+
+        if not run.stage("payload", payload):
+            return self._result(run, behaviour, None)
+        task, tok, batch = self.policies.task(), self.policies.tokenizer(), contribution.rollouts
+
+        def assignment() -> CheckOutcome:
+            from krill.protocol.work import check_assignment
+
+            staleness = job.version - behaviour
+            if staleness > spec.staleness.max_staleness:
+                raise ValueRangeError(f"behaviour version {behaviour} is {staleness} versions behind the committed "
+                                      f"version {job.version}; the run allows {spec.staleness.max_staleness}",
+                                      field="header.behaviour_version")
+            return check_assignment(spec, task, tok, header, batch)
+
+        def rewards() -> CheckOutcome:
+            from krill.protocol.work import check_rewards
+
+            return check_rewards(spec, task, tok, header, batch)
+
+        def resample() -> CheckOutcome:
+            from krill.protocol.work import check_resample
+
+            return check_resample(spec, task, tok, header, batch, self.policies.engine(behaviour))
+
+        for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", resample)):
+            if not run.stage(name, fn):
+                return self._result(run, behaviour, None)
+        shard = gradient_shard(randomness, job.commit_id, self.verifier_key, sorted(contribution.gradients))
+
+        def gradient() -> CheckOutcome:
+            from krill.protocol.work import check_gradient
+
+            if shard is None:
+                return CheckOutcome("gradient", True, "the contribution carries no gradient shard", {})
+            return check_gradient(spec, header, batch, contribution.gradients[shard].values, shard,
+                                  self.policies.model(job.version), learner_state, tok.pad_token_id)
+
+        run.stage("gradient", gradient)
+        return self._result(run, behaviour, shard)
+
+    def _payload(self, header, header_bytes: bytes, context, lengths):
+        """Fetch the files the signed header names (its sizes are the caps), then validate everything."""
+        from krill.payload.contribution import shard_of, validate_contribution
+        from krill.payload.header import ROLLOUTS_FILE
+
+        limits = self.spec.limits
+        caps = {}
+        for name, ref in header.files.items():
+            if name == ROLLOUTS_FILE:
+                cap = limits.max_rollout_bytes
+            elif shard_of(name) is not None and shard_of(name) in lengths:
+                cap = limits.max_grad_bytes
+            else:
+                raise SchemaError("not a file a contribution may carry", field=f"header.files.{name}")
+            if ref.size > cap:
+                raise PayloadTooLargeError(f"{ref.size} bytes, over the cap of {cap}", field=f"header.files.{name}.size")
+            caps[name] = ref.size
+        files = {}
+        for name, ref in header.files.items():
+            try:
+                files[name] = self._fetch(ref.cid, caps[name], name)
+            except PayloadTooLargeError:
+                raise DigestMismatchError(f"more than the {ref.size} bytes the header states",
+                                          field=f"{name}.size") from None
+        contribution = validate_contribution(header_bytes, files, limits, context, lengths)
+        vocab = int(self.policies.state(header.model_version).manifest.architecture.get("vocab_size", 0) or 0)
+        ids = contribution.rollouts.token_ids
+        if vocab and ids.size and int(ids.max()) >= vocab:
+            raise ValueRangeError(f"token id {int(ids.max())} is outside the model's vocabulary of {vocab}",
+                                  field="rollouts.token_ids")
+        return contribution
+
+    def _result(self, run: _Run, behaviour: int | None, shard: int | None) -> ReplayResult:
+        ok = bool(run.checks) and all(c.ok for c in run.checks)
+        reason = "passed" if ok else run.checks[-1].name
+        return ReplayResult(ok, reason, run.checks, run.failed_field, behaviour, shard)
+
+
+def _check_header(header_bytes: bytes, limits, context):
+    """Digest, canonical form and schema, context, then the signature against the staked key."""
+    from krill.payload.contribution import check_context
+    from krill.payload.header import decode_header
+
+    if context.digest is not None and hashlib.sha256(header_bytes).digest() != context.digest:
+        raise DigestMismatchError("header bytes do not hash to the committed digest", field="header")
+    header = decode_header(header_bytes, limits, verify=False)
+    check_context(header, context)
+    header.verify(context.ed25519_key)
+    return header
+
+
+def unavailable_result(detail: str, seconds: float) -> ReplayResult:
+    """The verdict on a payload that could not be fetched within the window."""
+    return ReplayResult(False, "unavailable", [check_record("availability", False, detail, {}, seconds)])
+

@@ -1,0 +1,64 @@
+"""Which commits this verifier checks, and which gradient shard it recomputes.
+
+Design decisions:
+- Selection is the contract's public function `isCheckSelected(commit, verifier key)` over the
+  sealed randomness blockhash(commit block + 1): the worker cannot know at commit time which of
+  its commits will be checked, and anyone can audit that a verifier checked what it had to.
+- The randomness is sealed by whoever needs it first (`sealRandomness` is idempotent), once
+  block commit_block + 1 exists; this module never mines (the loop does so only on devnets).
+- Only one shard's gradient is recomputed per check (the expensive part). It is drawn from
+  H(randomness, commit id, verifier key), so it is deterministic and auditable, unknown to the
+  worker at commit time, and different verifiers of one commit tend to cover different shards.
+- Windows in blocks: an attestation counts while block <= commit_block + window. The verifier
+  stops working on a commit once no transaction could still land in time, and declares a
+  payload unavailable only in the last quarter of the window, so slow stores get every chance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+ZERO32 = b"\x00" * 32
+
+
+def last_block(commit_block: int, window: int) -> int:
+    """The last block in which an attestation on the commit still counts."""
+    return commit_block + window
+
+
+def can_still_attest(head: int, commit_block: int, window: int) -> bool:
+    """Whether a transaction sent now (mined at head + 1 or later) can still land in the window."""
+    return head + 1 <= last_block(commit_block, window)
+
+
+def unavailable_after(commit_block: int, window: int) -> int:
+    """From this head on, a payload that still cannot be fetched is attested as unavailable."""
+    margin = max(2, window // 4)
+    return max(commit_block + 1, last_block(commit_block, window) - margin)
+
+
+def ensure_randomness(chain, commit_id: int, commit_block: int, head: int) -> bytes | None:
+    """The commit's sealed randomness, sealing it if the block after the commit exists; None: not yet."""
+    randomness = chain.randomness_of(commit_id)
+    if randomness != ZERO32:
+        return randomness
+    if head <= commit_block + 1:
+        return None
+    chain.seal_randomness(commit_id)
+    randomness = chain.randomness_of(commit_id)
+    return randomness if randomness != ZERO32 else None
+
+
+def is_selected(chain, commit_id: int, verifier_key: bytes) -> bool:
+    """Whether this verifier (by its staked Ed25519 key) must check the commit."""
+    return bool(chain.is_check_selected(commit_id, verifier_key))
+
+
+def gradient_shard(randomness: bytes, commit_id: int, verifier_key: bytes, shards: list[int]) -> int | None:
+    """The shard whose gradient is recomputed (among those the contribution carries); None if none."""
+    if not shards:
+        return None
+    ordered = sorted(shards)
+    draw = hashlib.sha256(b"krill/verify-shard/v1" + randomness + int(commit_id).to_bytes(32, "big")
+                          + bytes(verifier_key)).digest()
+    return ordered[int.from_bytes(draw, "big") % len(ordered)]

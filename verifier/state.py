@@ -1,0 +1,178 @@
+"""The verifier's private, crash-safe memory: the event cursor and what it decided about each commit.
+
+Design decisions:
+- One SQLite file per (contract, run) in the role's state directory, written through the standard
+  library's `sqlite3` in autocommit-per-statement transactions: a `kill -9` at any point leaves
+  either the old row or the new one, never half of a decision. The verifier needs no shared
+  database, so it keeps none.
+- A commit enters as `pending` together with the cursor move that discovered it (one
+  transaction), so an event is never lost between "seen" and "remembered". It leaves `pending`
+  exactly once, for `attested`, `skipped` (not selected), `missed` (window closed first) or
+  `error` (a bug in this verifier, recorded rather than crashing the loop).
+- The file never proves the chain state: before attesting, the loop also asks the contract
+  whether this verifier already attested (the crash window between a mined attest and the row
+  update), so restarts never attest twice even if the file is older than the chain.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from krill.errors import ConfigError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS commits (
+    commit_id INTEGER PRIMARY KEY,
+    worker TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    nonce INTEGER NOT NULL,
+    header_digest TEXT NOT NULL,
+    commit_block INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    ok INTEGER,
+    reason TEXT,
+    evidence_cid TEXT,
+    tx_hash TEXT,
+    updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS commits_status ON commits (status, commit_id);
+"""
+
+PENDING, ATTESTED, SKIPPED, MISSED, ERROR = "pending", "attested", "skipped", "missed", "error"
+FINAL = (ATTESTED, SKIPPED, MISSED, ERROR)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A commit the verifier has seen and not yet finished with."""
+
+    commit_id: int
+    worker: str
+    version: int
+    nonce: int
+    header_digest: bytes
+    commit_block: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How the verifier finished with a commit."""
+
+    commit_id: int
+    status: str
+    ok: bool | None
+    reason: str | None
+    evidence_cid: str | None
+    tx_hash: str | None
+
+
+class VerifierState:
+    """Cursor and per-commit decisions of one verifier on one run."""
+
+    def __init__(self, path: Path | str, *, contract: str, run_id: bytes, verifier: str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        identity = {"contract": contract.lower(), "run_id": run_id.hex(), "verifier": verifier.lower()}
+        with self._tx():
+            for key, value in identity.items():
+                row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+                if row is None:
+                    self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+                elif row[0] != value:
+                    raise ConfigError(f"verifier state {self.path} belongs to {key} {row[0]}, not {value}: "
+                                      "point verifier.state_dir elsewhere")
+
+    @classmethod
+    def for_run(cls, directory: Path, *, contract: str, run_id: bytes, verifier: str) -> VerifierState:
+        """The state file of `run_id` on `contract` inside the role's state directory."""
+        name = f"verifier-{contract.lower()[2:12]}-{run_id.hex()[:16]}.sqlite"
+        return cls(Path(directory) / name, contract=contract, run_id=run_id, verifier=verifier)
+
+    def _tx(self):
+        return _Transaction(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ cursor
+
+    def cursor(self) -> int | None:
+        """The next block to scan for Committed events (None: never scanned)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'cursor'").fetchone()
+        return None if row is None else int(row[0])
+
+    def add_jobs(self, jobs: list[Job], next_block: int) -> int:
+        """Remember newly seen commits and move the cursor, atomically; returns how many were new."""
+        new = 0
+        with self._tx():
+            for job in jobs:
+                cur = self._db.execute(
+                    "INSERT OR IGNORE INTO commits (commit_id, worker, version, nonce, header_digest, commit_block, "
+                    "status, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job.commit_id, job.worker.lower(), job.version, job.nonce, job.header_digest.hex(),
+                     job.commit_block, PENDING, time.time()))
+                new += cur.rowcount
+            self._db.execute("INSERT INTO meta (key, value) VALUES ('cursor', ?) "
+                             "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (str(int(next_block)),))
+        return new
+
+    # ------------------------------------------------------------------ decisions
+
+    def pending(self) -> list[Job]:
+        """Commits still to decide, oldest (nearest deadline) first."""
+        rows = self._db.execute("SELECT commit_id, worker, version, nonce, header_digest, commit_block FROM commits "
+                                "WHERE status = ? ORDER BY commit_id", (PENDING,)).fetchall()
+        return [Job(r[0], r[1], r[2], r[3], bytes.fromhex(r[4]), r[5]) for r in rows]
+
+    def finish(self, commit_id: int, status: str, *, ok: bool | None = None, reason: str | None = None,
+               evidence_cid: str | None = None, tx_hash: str | None = None) -> bool:
+        """Record the final decision on a pending commit; False if it was already final (nothing changes)."""
+        if status not in FINAL:
+            raise ValueError(f"status: {status!r} is not one of {FINAL}")
+        with self._tx():
+            cur = self._db.execute(
+                "UPDATE commits SET status = ?, ok = ?, reason = ?, evidence_cid = ?, tx_hash = ?, updated = ? "
+                "WHERE commit_id = ? AND status = ?",
+                (status, None if ok is None else int(ok), reason, evidence_cid, tx_hash, time.time(), commit_id,
+                 PENDING))
+            return cur.rowcount == 1
+
+    def decision(self, commit_id: int) -> Decision | None:
+        row = self._db.execute("SELECT commit_id, status, ok, reason, evidence_cid, tx_hash FROM commits "
+                               "WHERE commit_id = ?", (commit_id,)).fetchone()
+        if row is None:
+            return None
+        return Decision(row[0], row[1], None if row[2] is None else bool(row[2]), row[3], row[4], row[5])
+
+    def counts(self) -> dict[str, int]:
+        """Commits per status, plus `passed` and `failed` among the attested."""
+        out = {s: 0 for s in (PENDING, *FINAL)}
+        for status, n in self._db.execute("SELECT status, COUNT(*) FROM commits GROUP BY status"):
+            out[status] = n
+        for ok, n in self._db.execute("SELECT ok, COUNT(*) FROM commits WHERE status = ? GROUP BY ok", (ATTESTED,)):
+            out["passed" if ok else "failed"] = out.get("passed" if ok else "failed", 0) + n
+        out.setdefault("passed", 0)
+        out.setdefault("failed", 0)
+        return out
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error) on an autocommit connection."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self._db = db
+
+    def __enter__(self):
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._db
+
+    def __exit__(self, kind, value, tb) -> None:
+        self._db.execute("ROLLBACK" if kind is not None else "COMMIT")
