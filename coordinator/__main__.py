@@ -8,9 +8,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    from krill.coordinator.cli import coordinator
-
     from krill.cli import cli
+    from krill.coordinator.cli import coordinator
 
     argv = list(sys.argv[1:] if argv is None else argv)
     root: list[str] = []

@@ -46,7 +46,6 @@ def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir:
                    as_json: bool) -> None:
     """Publish the base model and run spec, create the run on-chain and fund its rewards."""
     from krill.coordinator.create_run import TOKEN, create_run, read_spec_file
-
     from krill.runtime import connect_chain, open_configured_store, unlock_identity
 
     config = current_config()
@@ -69,7 +68,6 @@ def run_cmd(shards_text: str | None) -> None:
     """Index, validate, fold, publish, settle and slash until stopped (or coordinator.max_versions)."""
     from krill.coordinator.context import open_run_context
     from krill.coordinator.loop import FAULTS, Coordinator, LoopOptions
-
     from krill.db.indexer import Indexer
     from krill.runtime import set_threads
 

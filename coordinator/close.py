@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from krill.coordinator.journal import DecisionState, VersionDecision
 from sqlalchemy import select
 
+from krill.coordinator.journal import DecisionState, VersionDecision
 from krill.db.models import (
     ChainEventRow,
     Contribution,
@@ -76,7 +76,6 @@ def accepted_entry(commit_id: int, worker: str, contribution, weighing):
 def load_contribution(ctx, commit_id: int, worker: str, version: int):
     """The validated contribution of an accepted commit (from the cache, else fetched again)."""
     from krill.coordinator.ingest import CommitView, fetch_and_validate
-
     from krill.db.models import Commit
 
     cached = ctx.recall(commit_id)
@@ -102,7 +101,6 @@ class Decision:
 def decide(ctx, version: int, now: float | None = None) -> Decision | None:
     """Close `version` if it is time; journal the decision and return it (None: keep collecting)."""
     from krill.coordinator.trust import Standing, weigh
-
     from krill.protocol.record import RejectedEntry
 
     now = time.time() if now is None else now

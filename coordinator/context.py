@@ -73,7 +73,6 @@ class RunContext:
 def open_run_context(config, stack, shards: list[int] | None = None) -> RunContext:
     """Connect to chain, store and database as configured and load the run (coordinator identity)."""
     from krill.coordinator.create_run import saved_run_id
-
     from krill.errors import ConfigError
     from krill.protocol.state import load_run
     from krill.runtime import connect_chain, open_configured_database, open_configured_store, unlock_identity

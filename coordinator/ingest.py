@@ -28,9 +28,9 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
-from krill.coordinator.faults import halt_point
 from sqlalchemy import or_, select
 
+from krill.coordinator.faults import halt_point
 from krill.db.models import (
     ChainEventRow,
     Commit,

@@ -30,7 +30,6 @@ from krill.coordinator.metrics import VersionFigures, figures, record_metrics, s
 from krill.coordinator.publish import complete_version
 from krill.coordinator.settle import settle_version
 from krill.coordinator.slash import slash_due
-
 from krill.errors import ChainUnavailableError, StoreUnavailableError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from krill.coordinator.faults import halt_point
 from krill.coordinator.journal import DecisionState, VersionDecision
-
 from krill.errors import ChainError
 
 
@@ -43,7 +42,6 @@ class Published:
 def submissions(ctx, accepted: list[dict]):
     """The fold's inputs for the journalled accepted entries: Submissions and the learner states they need."""
     from krill.coordinator.close import load_contribution
-
     from krill.protocol.step import Submission
 
     subs, states = [], {}

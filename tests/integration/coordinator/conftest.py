@@ -86,7 +86,6 @@ class Env:
     def context(self):
         """An in-process coordinator over this environment (same objects `krill coordinator run` builds)."""
         from krill.coordinator.context import RunContext
-
         from krill.db.indexer import Indexer
         from krill.db.session import open_database
         from krill.protocol.state import load_run
@@ -119,12 +118,12 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
 
 def make_env(root: Path, model_dir: Path, spec: dict) -> Env:
     import tomli_w
-    from krill.coordinator.create_run import create_run
 
     from krill.chain.anvil import AnvilProcess
     from krill.chain.client import KrillChain
     from krill.chain.devnet import provision
     from krill.chain.rpc import connect_http, dev_account
+    from krill.coordinator.create_run import create_run
     from krill.keystore import KdfCost, create_keystore
     from krill.store.local import LocalStore
 

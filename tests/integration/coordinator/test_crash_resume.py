@@ -23,7 +23,6 @@ def _populate(env) -> list[int]:
 
 def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinator_env):
     from krill.coordinator.loop import Coordinator, LoopOptions
-
     from krill.protocol.record import load_record
 
     # Reference: an uninterrupted coordinator over the same inputs (fresh chain, same addresses).

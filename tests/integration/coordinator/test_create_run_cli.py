@@ -7,10 +7,10 @@ import json
 
 def test_create_run_command_creates_funds_and_saves_the_run(coordinator_env, tiny_model_dir, tmp_path, monkeypatch):
     from click.testing import CliRunner
-    from krill.coordinator.cli import coordinator
-    from krill.coordinator.create_run import saved_run_id
 
     from krill.cli import cli
+    from krill.coordinator.cli import coordinator
+    from krill.coordinator.create_run import saved_run_id
     from krill.protocol.state import load_run
 
     env = coordinator_env()

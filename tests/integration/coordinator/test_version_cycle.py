@@ -21,7 +21,6 @@ def _forge_signature(header):
 
 def test_create_run_then_one_version_with_forged_and_stale_contributions(coordinator_env):
     from krill.coordinator.loop import Coordinator, LoopOptions
-
     from krill.protocol.record import load_record
 
     env = coordinator_env()

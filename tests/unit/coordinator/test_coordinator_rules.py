@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from krill.coordinator.close import closing_reason
 from krill.coordinator.ingest import rejection_code
 from krill.coordinator.settle import reward_split
 from krill.coordinator.trust import Standing, trust_of, weigh
-
 from krill.db.models import RejectionCode
 from krill.payload import errors as pe
 from krill.payload.limits import PayloadLimits
@@ -75,7 +75,6 @@ def test_payload_errors_map_to_rejection_codes():
 
 def test_build_spec_couples_the_staleness_bounds_and_sizes_the_caps(tmp_path):
     from krill.coordinator.create_run import build_spec
-
     from krill.errors import ConfigError
     from krill.model.build import TinyModelSpec, build_tiny_model
     from krill.model.publish import publish_model_dir
