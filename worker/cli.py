@@ -26,9 +26,8 @@ def worker() -> None:
               help="Tokens to stake, e.g. 500 or 12.5 (default: worker.stake from the config).")
 def stake(amount: str | None) -> None:
     """Approve and stake tokens as a worker, bound to this keystore's Ed25519 key."""
-    from krill.worker.stake import parse_tokens, stake_worker, tokens
-
     from krill.commands.context import current_config
+    from krill.worker.stake import parse_tokens, stake_worker, tokens
 
     result = stake_worker(current_config(), parse_tokens(amount) if amount is not None else None)
     click.echo(f"staked {tokens(result.amount)} KRILL as worker {result.address} (total {tokens(result.staked)}; "
@@ -44,9 +43,8 @@ def run(behavior: str | None, max_contributions: int | None) -> None:
     """Watch the run's versions, sample, learn, sign, upload and commit contributions."""
     import signal
 
-    from krill.worker.runner import run_worker
-
     from krill.commands.context import current_config
+    from krill.worker.runner import run_worker
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
@@ -64,12 +62,11 @@ def run(behavior: str | None, max_contributions: int | None) -> None:
 @worker.command("status")
 def status() -> None:
     """This worker's stake and local state (next nonce, pending commit, outcomes)."""
-    from krill.worker.nonce_state import WorkerState
-    from krill.worker.stake import tokens
-
     from krill.commands.context import current_config
     from krill.keystore import read_info, resolve_keystore
     from krill.runtime import connect_chain, role_state_dir, run_id_of
+    from krill.worker.nonce_state import WorkerState
+    from krill.worker.stake import tokens
 
     config = current_config()
     info = read_info(resolve_keystore(config.keystore.path))

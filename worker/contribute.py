@@ -26,13 +26,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from krill.protocol.spec import RunSpec
 from krill.worker.backoff import Backoff
 from krill.worker.behaviors import Behavior
 from krill.worker.errors import JailedError, NotStakedError, WorkerStateError
 from krill.worker.nonce_state import Pending, WorkerState
 from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource
-
-from krill.protocol.spec import RunSpec
 
 COMMITTED, STALE, ROLLOUTS_STALE = "committed", "stale", "rollouts-stale"
 

@@ -28,8 +28,9 @@ import os
 import shutil
 from pathlib import Path
 
-from krill.worker.errors import WorkerStateError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from krill.worker.errors import WorkerStateError
 
 STATE_FORMAT = "krill-worker-state/1"
 HEADER_FILE = "header.json"

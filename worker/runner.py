@@ -20,12 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from krill.config import KrillConfig
 from krill.worker.backoff import Backoff
 from krill.worker.contribute import COMMITTED, Contributor, Outcome, jailed_message
 from krill.worker.errors import JailedError, KeyMismatchError, NotStakedError
 from krill.worker.nonce_state import WorkerState
-
-from krill.config import KrillConfig
 
 
 def check_eligible(chain, address: str, ed25519_key: bytes) -> None:
@@ -86,9 +85,6 @@ def resolve_shards(wanted: list[int] | None, num_shards: int) -> list[int]:
 
 
 def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], None]) -> WorkerSession:
-    from krill.worker.behaviors import get_behavior
-    from krill.worker.source import RunSource
-
     from krill.protocol.state import load_run
     from krill.protocol.work import Identity
     from krill.runtime import (
@@ -98,6 +94,8 @@ def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], 
         run_id_of,
         unlock_identity,
     )
+    from krill.worker.behaviors import get_behavior
+    from krill.worker.source import RunSource
 
     behavior = get_behavior(behavior_name)
     run_id = run_id_of(config)

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
+from krill.config import KrillConfig
 from krill.worker.contribute import jailed_message
 from krill.worker.errors import JailedError, StakeError
-
-from krill.config import KrillConfig
 
 TOKEN = 10**18
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 
 from click.testing import CliRunner
-from krill.worker.cli import main
-from krill.worker.runner import open_session
 
 from krill.chain.events import Committed
 from krill.config import load_config
+from krill.worker.cli import main
+from krill.worker.runner import open_session
 
 RESUMER, JAILED = 5, 6
 

@@ -1,0 +1,114 @@
+"""Worker-local pieces: the persisted nonce/pending state, the back-off, the strategies, status lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from krill.errors import ChainUnavailableError, ConfigError, StoreUnavailableError
+from krill.worker.backoff import Backoff
+from krill.worker.behaviors import get_behavior
+from krill.worker.contribute import Outcome
+from krill.worker.errors import WorkerStateError
+from krill.worker.nonce_state import Pending, WorkerState
+
+RUN = hashlib.sha256(b"run").digest()
+WORKER = "0x" + "ab" * 20
+
+
+def _pending(nonce: int, header: bytes) -> Pending:
+    return Pending(model_version=3, behaviour_version=2, nonce=nonce, digest=hashlib.sha256(header).hexdigest(),
+                   files=["grad-0.safetensors", "rollouts.safetensors"], summary={"tokens": 7})
+
+
+def test_nonces_are_reserved_durably_and_never_handed_out_twice(tmp_path):
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    assert not state.existed and [state.reserve_nonce() for _ in range(3)] == [0, 1, 2]
+    reopened = WorkerState.open(tmp_path, RUN, WORKER.upper().replace("0X", "0x"))
+    assert reopened.existed and reopened.reserve_nonce() == 3
+    reopened.advance_to(2)
+    assert reopened.next_nonce == 4
+    reopened.advance_to(10)
+    assert WorkerState.open(tmp_path, RUN, WORKER).next_nonce == 10
+
+
+def test_pending_contribution_survives_a_reopen_and_is_cleared_after_logging(tmp_path):
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    header = b'{"header":1}'
+    files = {"rollouts.safetensors": b"r" * 10, "grad-0.safetensors": b"g" * 5}
+    pending = _pending(state.reserve_nonce(), header)
+    state.save_pending(pending, header, files)
+    with pytest.raises(WorkerStateError):
+        state.save_pending(pending, header, files)
+    again = WorkerState.open(tmp_path, RUN, WORKER)  # as after kill -9
+    assert again.pending == pending and again.pending_payload() == (header, files)
+    again.finish({"nonce": 0, "status": "committed"})
+    assert again.pending is None and WorkerState.open(tmp_path, RUN, WORKER).pending is None
+    assert not (again.directory / "pending").joinpath(pending.digest).exists()
+    with open(again.log_path, "a") as fh:
+        fh.write('{"nonce": 1, "sta')  # torn by a crash mid-append
+    assert again.history() == [{"nonce": 0, "status": "committed"}]
+
+
+def test_pending_bytes_are_checked_against_the_digest(tmp_path):
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    header = b"header bytes"
+    with pytest.raises(WorkerStateError, match="does not describe"):
+        state.save_pending(_pending(0, b"other"), header, {"rollouts.safetensors": b"", "grad-0.safetensors": b""})
+    state.save_pending(_pending(0, header), header, {"rollouts.safetensors": b"", "grad-0.safetensors": b""})
+    (state.directory / "pending" / state.pending.digest / "header.json").write_bytes(b"tampered")
+    with pytest.raises(WorkerStateError, match="does not hash"):
+        state.pending_payload()
+
+
+def test_state_of_another_run_or_a_damaged_file_is_refused(tmp_path):
+    WorkerState.open(tmp_path, RUN, WORKER).reserve_nonce()
+    with pytest.raises(WorkerStateError, match="belongs to"):
+        WorkerState.open(tmp_path, RUN, "0x" + "cd" * 20)
+    path = tmp_path / "runs" / RUN.hex() / "state.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(doc | {"next_nonce": -1}))
+    with pytest.raises(WorkerStateError, match="damaged"):
+        WorkerState.open(tmp_path, RUN, WORKER)
+
+
+def test_backoff_doubles_up_to_the_cap_and_only_retries_unreachability():
+    waits, lines = [], []
+    failures = [ChainUnavailableError("node down")] * 4 + [StoreUnavailableError("store down")]
+
+    def flaky():
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+
+    backoff = Backoff(0.5, 3.0, lines.append, sleep=waits.append)
+    assert backoff.call(flaky, "chain") == "ok"
+    assert waits == [0.5, 1.0, 2.0, 3.0, 3.0] and backoff.waits == 5
+    assert lines[0] == "chain: unreachable (node down); retrying in 0.5s"
+
+    def answer():
+        raise ValueError("a revert is an answer")
+
+    with pytest.raises(ValueError):
+        backoff.call(answer, "chain")
+    assert backoff.waits == 5
+
+
+def test_forge_rewards_reports_the_opposite_of_every_outcome():
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    assert torch.equal(get_behavior("honest").reported_rewards(rewards), rewards)
+    assert torch.equal(get_behavior("forge-rewards").reported_rewards(rewards), torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    with pytest.raises(ConfigError, match="worker.behavior"):
+        get_behavior("lazy")
+
+
+def test_status_line_names_every_figure():
+    outcome = Outcome("committed", 4, 1, 2, commit_id=17, mean_reward=0.25, true_mean_reward=0.75, tokens=1200,
+                      bytes_uploaded=4096, seconds={"sample": 0.5, "learn": 0.25, "total": 1.0})
+    line = outcome.line()
+    for part in ("nonce 4", "b1->v2", "reward 0.250 (true 0.750)", "1200 tok", "2,400 tok/s", "up 4.0 KiB",
+                 "commit #17", "sample 0.50 learn 0.25 total 1.00s"):
+        assert part in line, (part, line)
