@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 
 import click
-from krill.verifier.cli import verifier
 
 from krill.errors import KrillError
+from krill.verifier.cli import verifier
 
 
 @click.group(commands=verifier.commands, help=verifier.help,

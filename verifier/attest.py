@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from krill.chain import errors as E
 from krill.verifier.evidence import Evidence, publish_evidence
 from krill.verifier.replay import ReplayResult
 from krill.verifier.state import Job
-
-from krill.chain import errors as E
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def _connect(config, echo):
             store = open_configured_store(config)
             return identity, chain, store, load_run(chain, store, run_id)
         except (ChainUnavailableError, StoreUnavailableError) as exc:
-            echo(f"unreachable ({exc}); retrying in {delay:.1f}s")
+            echo(f"unreachable ({exc}); retrying in {delay:.2f}s")
             time.sleep(delay)
             delay = min(config.verifier.max_backoff_s, delay * 2)
 
@@ -105,12 +105,12 @@ def _require_stake(chain, identity) -> None:
 def run(max_attestations: int | None) -> None:
     """Watch the run's commits, replay those selected for this verifier, and attest."""
     import torch
-    from krill.verifier.attest import Who
-    from krill.verifier.loop import DEVNET_CHAIN_IDS, LoopSettings, VerifierLoop
-    from krill.verifier.state import VerifierState
 
     from krill.commands.context import current_config
     from krill.runtime import role_state_dir, set_threads
+    from krill.verifier.attest import Who
+    from krill.verifier.loop import DEVNET_CHAIN_IDS, LoopSettings, VerifierLoop
+    from krill.verifier.state import VerifierState
 
     config = current_config()
     set_threads(config.verifier.threads)
@@ -145,10 +145,9 @@ def run(max_attestations: int | None) -> None:
 @verifier.command("status")
 def status() -> None:
     """This verifier's decisions so far on the configured run (from its state file)."""
-    from krill.verifier.state import VerifierState
-
     from krill.commands.context import current_config
     from krill.runtime import connect_chain, role_state_dir, run_id_of, unlock_identity
+    from krill.verifier.state import VerifierState
 
     config = current_config()
     identity = unlock_identity(config)

@@ -25,13 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from krill.chain import errors as E
+from krill.errors import ChainUnavailableError, StoreUnavailableError
 from krill.verifier import select
 from krill.verifier.attest import Who, attest
 from krill.verifier.replay import PayloadUnavailable, Replayer, RunDataUnavailable, unavailable_result
 from krill.verifier.state import ATTESTED, ERROR, MISSED, SKIPPED, Job, VerifierState
-
-from krill.chain import errors as E
-from krill.errors import ChainUnavailableError, StoreUnavailableError
 
 UNREACHABLE = (ChainUnavailableError, StoreUnavailableError, OSError)
 
@@ -184,7 +183,7 @@ class VerifierLoop:
                 self.step()
                 delay = self.settings.poll_interval_s
             except UNREACHABLE as exc:
-                self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {delay:.1f}s")
+                self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {delay:.2f}s")
                 time.sleep(delay)
                 delay = min(self.settings.max_backoff_s, delay * 2)
                 continue

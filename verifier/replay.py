@@ -28,10 +28,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from krill.verifier.evidence import CheckRecord, check_record
-from krill.verifier.select import gradient_shard
-from krill.verifier.state import Job
-
 from krill.errors import (
     ContentNotFoundError,
     IntegrityError,
@@ -42,6 +38,9 @@ from krill.errors import (
 )
 from krill.payload.errors import DigestMismatchError, PayloadTooLargeError, SchemaError, ValueRangeError
 from krill.protocol.work import CheckOutcome
+from krill.verifier.evidence import CheckRecord, check_record
+from krill.verifier.select import gradient_shard
+from krill.verifier.state import Job
 
 
 class PayloadUnavailable(StoreError):

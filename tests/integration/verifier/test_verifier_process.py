@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from conftest import CLI_VERIFIER, WORKER_A
-from krill.verifier.__main__ import main
-from krill.verifier.state import ATTESTED, VerifierState
 from nacl.signing import SigningKey
 
 from krill.chain.anvil import stop_pid
 from krill.chain.types import Role
 from krill.keystore import KdfCost, create_keystore
+from krill.verifier.__main__ import main
+from krill.verifier.state import ATTESTED, VerifierState
 
 PASSWORD = "verifier-test-password"
 

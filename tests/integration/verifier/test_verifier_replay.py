@@ -7,13 +7,14 @@ import time
 
 import pytest
 from conftest import VERIFIER, WINDOW, WORKER_A, WORKER_B
+
+from krill.chain.events import Committed
+from krill.store.cid import digest_to_cid
 from krill.verifier.attest import Who
 from krill.verifier.evidence import load_evidence
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.select import unavailable_after
 from krill.verifier.state import ATTESTED, PENDING, VerifierState
-
-from krill.store.cid import digest_to_cid
 
 CHECKS = ["signature", "payload", "assignment", "rewards", "resample", "gradient"]
 
@@ -126,3 +127,36 @@ def test_a_restart_after_an_unrecorded_attestation_does_not_attest_again(run_env
     attested = [e for e in env.at(VERIFIER).events(start) if type(e).__name__ == "Attested"
                 and e.commit_id == commit_id]
     assert len(attested) == 1
+
+
+def test_garbage_at_the_committed_digest_fails_at_the_header_without_crashing(run_env, tmp_path):
+    env, lines = run_env, []
+    start = env.head()
+    garbage = b'{"protocol":1,"worker":' + b"[" * 40
+    env.store.put_block(garbage)
+    nonce = env.next_nonce(WORKER_B)
+    receipt = env.at(WORKER_B).commit(env.spec.run_id, 0, nonce, hashlib.sha256(garbage).digest())
+    commit_id = receipt.event(Committed).commit_id
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    drive(env, loop, [commit_id])
+    evidence = verdict(env, loop, commit_id)
+    assert not evidence.ok and evidence.reason == "signature" and evidence.failed_field.startswith("header")
+
+
+def test_an_unreachable_chain_is_retried_with_capped_backoff(run_env, tmp_path):
+    from krill.chain.anvil import free_port
+    from krill.chain.client import KrillChain
+    from krill.chain.rpc import RetryPolicy, connect_http
+
+    env, lines = run_env, []
+    dead = KrillChain(connect_http(f"http://127.0.0.1:{free_port()}", timeout_s=1.0), env.protocol,
+                      env.accounts[VERIFIER], RetryPolicy(attempts=1))
+    state = VerifierState(tmp_path / "state.sqlite", contract=env.protocol, run_id=env.spec.run_id,
+                          verifier=env.address(VERIFIER))
+    state.add_jobs([], next_block=1)  # a cursor exists: nothing needs the chain before the loop
+    who = Who(31337, env.protocol, env.address(VERIFIER), bytes(env.keys[VERIFIER].verify_key), "hf-torch")
+    loop = VerifierLoop(dead, env.store, env.spec, state, who,
+                        LoopSettings(poll_interval_s=0.05, max_backoff_s=0.2), echo=lines.append)
+    loop.run(should_stop=lambda: len(lines) >= 5)
+    assert all(line.startswith("unreachable (ChainUnavailableError") for line in lines), lines
+    assert [line.rsplit("retrying in ", 1)[1] for line in lines] == ["0.05s", "0.10s", "0.20s", "0.20s", "0.20s"]
