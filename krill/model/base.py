@@ -50,7 +50,7 @@ BUILD_INFO = "build.json"
 class BaseModelRecipe:
     """Everything that determines the default base model."""
 
-    task: str = "arithmetic:2"
+    task: str = "arithmetic:1"
     spec: TinyModelSpec = field(default_factory=TinyModelSpec)
     init_seed: int = 0
     data_seed: int = 0
@@ -61,7 +61,7 @@ class BaseModelRecipe:
     max_steps: int = 4000
     eval_every: int = 25
     eval_n: int = 200
-    target_accuracy: float = 0.25
+    target_accuracy: float = 0.2
     threads: int = 1
 
     def as_dict(self) -> dict[str, Any]:

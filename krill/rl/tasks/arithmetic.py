@@ -8,11 +8,12 @@ Design decisions:
 - Answers are zero-padded to a fixed width: unsigned levels `052`, signed levels carry an
   explicit sign `+052` / `-013`. A fixed width makes the format strict and the answer easy to
   check: the completion must equal the answer string exactly (then eos).
-- The default level is 2: plain 2-digit addition is solved by supervised training alone, while
-  three-operand sums need a carry across two additions, so a warm start stopped early leaves
-  room that RL visibly fills. Measured on 2 busy CPU cores: the default base model's warm start
-  stops at 27% greedy accuracy (500 eval prompts); four minutes of plain on-policy
-  group-relative policy gradient (G=8, 32 prompts, lr 1e-4) lifted it to 56%.
+- The default level is 1 (`a+b`, 2 digits), with the base model's supervised warm start stopped
+  early (about 22% greedy accuracy) so that RL has room. Measured with `krill train local` on 2
+  busy CPU cores (8 workers, staleness up to 2, clip+mix+trimmed mean, lr 1.5e-4): level 1 went
+  from 22.2% to 69.0% in 533 s of RL; level 2 (`a+b+c`, warm start at 27.4%) went to 58.8% in
+  10 minutes and levelled off near its pass@k. Level 2 and up remain for longer runs and larger
+  models, where the multi-step sums show more of what RL adds.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Arithmetic(Task):
 
     name = "arithmetic"
     levels = tuple(sorted(_LEVELS))
-    default_level = 2
+    default_level = 1
 
     @property
     def _spec(self) -> _Level:
