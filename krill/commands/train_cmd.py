@@ -33,7 +33,7 @@ def train() -> None:
 @click.option("--minutes", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
               help="Training time budget (ignored when --versions is given).")
 @click.option("--versions", type=click.IntRange(min=1), default=None, help="Stop after this many versions.")
-@click.option("--lr", type=click.FloatRange(min=1e-8, max=1.0), default=1e-4, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=1e-8, max=1.0), default=1.5e-4, show_default=True)
 @click.option("--density", type=click.FloatRange(min=1e-4, max=1.0), default=0.25, show_default=True,
               help="Fraction of gradient coordinates sent (shared mask).")
 @click.option("--value-dtype", type=click.Choice(["fp16", "bf16", "int8"]), default="int8", show_default=True)

@@ -127,7 +127,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
 
         spec_file.write_text(tomli_w.dumps(config.spec_overrides), encoding="utf-8")
         out = procs.run("create-run", ["--config", str(run.configs["coordinator"]), "coordinator", "create-run",
-                                       "--name", "krill-demo", "--shards", str(config.shards), "--model",
+                                       "--name", "krill-demo", "--shards", str(config.shards), "--fund", "20000", "--model",
                                        str(model_dir), "--spec", str(spec_file), "--json"])
         run.run_id = _last_json(out)["run_id"]
         write_configs(run.run_id)

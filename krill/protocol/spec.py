@@ -97,7 +97,7 @@ class RunSpec(_Part):
     loss: LossConfig = Field(default_factory=LossConfig)
     compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
-    optimizer: AdamWConfig = Field(default_factory=AdamWConfig)
+    optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4))
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     trust: TrustSpec = Field(default_factory=TrustSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)

@@ -58,7 +58,7 @@ class LocalTrainConfig(BaseModel):
     eval_every: int = Field(20, ge=1, description="Evaluate every this many versions (and at the end).")
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
-    optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1e-4, max_grad_norm=1.0))
+    optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4, max_grad_norm=1.0))
     compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
 
