@@ -146,13 +146,15 @@ def run(max_attestations: int | None) -> None:
 def status() -> None:
     """This verifier's decisions so far on the configured run (from its state file)."""
     from krill.commands.context import current_config
-    from krill.runtime import connect_chain, role_state_dir, run_id_of, unlock_identity
+    from krill.runtime import role_state_dir, run_id_of, unlock_identity
     from krill.verifier.state import VerifierState
 
     config = current_config()
     identity = unlock_identity(config)
-    chain = connect_chain(config)
-    state = VerifierState.for_run(role_state_dir(config, "verifier", identity.address), contract=chain.address,
+    if not config.chain.protocol_address:
+        raise ConfigError("chain.protocol_address is not set: run `krill devnet up` or set it in the config")
+    state = VerifierState.for_run(role_state_dir(config, "verifier", identity.address),
+                                  contract=config.chain.protocol_address,
                                   run_id=run_id_of(config), verifier=identity.address)
     counts = state.counts()
     click.echo(" ".join(f"{k}={v}" for k, v in counts.items()) + f"  cursor={state.cursor()}")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import CLI_VERIFIER, WORKER_A
 from nacl.signing import SigningKey
+from verifier_env import CLI_VERIFIER, WORKER_A
 
 from krill.chain.anvil import stop_pid
 from krill.chain.types import Role

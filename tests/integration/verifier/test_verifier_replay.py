@@ -6,7 +6,7 @@ import hashlib
 import time
 
 import pytest
-from conftest import VERIFIER, WINDOW, WORKER_A, WORKER_B
+from verifier_env import VERIFIER, WINDOW, WORKER_A, WORKER_B
 
 from krill.chain.events import Committed
 from krill.store.cid import digest_to_cid

@@ -13,7 +13,6 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytest
 import torch
 from nacl.signing import SigningKey
 
@@ -158,10 +157,3 @@ def start_run_env(tmp_path_factory, name: str) -> RunEnv:
     except BaseException:
         anvil.stop()
         raise
-
-
-@pytest.fixture(scope="module")
-def run_env(tmp_path_factory, request):
-    env = start_run_env(tmp_path_factory, request.module.__name__.rsplit(".", 1)[-1].replace("_", "-")[:40])
-    yield env
-    env.anvil.stop()
