@@ -21,6 +21,9 @@ from krill.errors import DevnetError
 
 DEVNET_ACCOUNTS = 20
 DEVNET_FUNDING = 100_000 * 10**18
+# A devnet mines one block per transaction, so block counts race ahead of wall time: a long
+# unbonding period leaves room for challenge windows of a few thousand blocks.
+DEVNET_UNBONDING_BLOCKS = 50_000
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def provision(rpc_url: str, accounts: int = DEVNET_ACCOUNTS, funding: int = DEVN
 
     w3 = connect_http(rpc_url)
     devs = dev_accounts(accounts)
-    deployment = deploy(w3, devs[0])
+    deployment = deploy(w3, devs[0], unbonding_blocks=DEVNET_UNBONDING_BLOCKS)
     fund_accounts(w3, deployment, devs[0], [a.address for a in devs], funding)
     return deployment
 

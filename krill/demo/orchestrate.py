@@ -27,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from krill.errors import KrillError
 
 DEMO_PASSWORD = "krill-demo"
+# Anvil mines a block per transaction, and the demo sends several per second: a challenge window
+# of 2,000 blocks gives verifiers minutes, as 40 blocks would on a public chain.
+DEMO_SPEC: dict = {"chain": {"challenge_window_blocks": 2000}}
 TOKEN = 10**18
 
 
@@ -125,7 +128,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         spec_file = workdir / "spec.toml"
         import tomli_w
 
-        spec_file.write_text(tomli_w.dumps(config.spec_overrides), encoding="utf-8")
+        overrides = {**DEMO_SPEC, **config.spec_overrides}
+        overrides["chain"] = {**DEMO_SPEC["chain"], **config.spec_overrides.get("chain", {})}
+        spec_file.write_text(tomli_w.dumps(overrides), encoding="utf-8")
         out = procs.run("create-run", ["--config", str(run.configs["coordinator"]), "coordinator", "create-run",
                                        "--name", "krill-demo", "--shards", str(config.shards), "--fund", "20000", "--model",
                                        str(model_dir), "--spec", str(spec_file), "--json"])
