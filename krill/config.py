@@ -118,6 +118,8 @@ class WorkerConfig(_RoleSection):
         "honest", description="Strategy; anything but 'honest' is an attack, for tests, demos and benchmarks.")
     shards: list[int] | None = Field(None, description="Shards to compute gradients for; default all.")
     max_contributions: int | None = Field(None, ge=1, description="Stop after this many commits (default: run on).")
+    max_per_version: int | None = Field(2, ge=1, description="Commits per published version before waiting for the "
+                                        "next one (work beyond what a version folds only goes stale); None: no limit.")
     stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill worker stake` deposits.")
 
 

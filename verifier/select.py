@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 
+from krill.errors import ChainError
+
 ZERO32 = b"\x00" * 32
 
 
@@ -44,7 +46,13 @@ def ensure_randomness(chain, commit_id: int, commit_block: int, head: int) -> by
         return randomness
     if head <= commit_block + 1:
         return None
-    chain.seal_randomness(commit_id)
+    try:
+        chain.seal_randomness(commit_id)
+    except ChainError:
+        # Another party (a second verifier, say) sealed it between our read and our transaction,
+        # which can change the gas our transaction needed; what counts is that it is sealed now.
+        if chain.randomness_of(commit_id) == ZERO32:
+            raise
     randomness = chain.randomness_of(commit_id)
     return randomness if randomness != ZERO32 else None
 

@@ -17,6 +17,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -137,10 +138,19 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
         echo(resumed.line())
         outcomes.append(resumed)
         committed += resumed.status == COMMITTED
+    per_version: dict[int, int] = {}
+    cap = config.worker.max_per_version
     while limit is None or committed < limit:
         s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
                        "chain (stake)")
+        if cap is not None and per_version.get(s.backoff.call(s.contributor.source.latest, "chain (latest version)"),
+                                               0) >= cap:
+            # This version has our share; more work now would only go stale. Wait for the next one.
+            time.sleep(config.worker.poll_interval_s)
+            continue
         outcome = s.contributor.contribute()
+        if outcome.status == COMMITTED and outcome.model_version is not None:
+            per_version[outcome.model_version] = per_version.get(outcome.model_version, 0) + 1
         echo(outcome.line())
         outcomes.append(outcome)
         committed += outcome.status == COMMITTED

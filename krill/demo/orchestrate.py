@@ -153,7 +153,10 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         watcher = ProgressWatcher(db_url, run.run_id, echo)
         while time.monotonic() < deadline and coordinator.running():
             watcher.poll()
-            dead = [c for c in procs.children if c.name.split("-")[0] in ("worker", "verifier") and not c.running()]
+            # An adversary stops once jailed (that is the protocol working); anyone else stopping is a fault.
+            adversaries = {run.names[a] for a, b in run.behaviors.items() if b != "honest"}
+            dead = [c for c in procs.children if c.name.split("-")[0] in ("worker", "verifier")
+                    and c.name not in adversaries and not c.running()]
             if dead:
                 raise KrillError(f"{dead[0].name} stopped unexpectedly:\n{dead[0].tail()}")
             time.sleep(2.0)
