@@ -29,8 +29,11 @@ import click
 @click.option("--workdir", type=click.Path(file_okay=False), help="Work directory (default: a new one under $KRILL_HOME/demo).")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False, exists=True),
               help="TOML file of run-spec overrides for the demo's run.")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True),
+              help="Local HF model directory to post-train (default: the built-in base model).")
 @click.option("--chain-round", is_flag=True, help="Only play one scripted contract round and print what the chain says.")
-def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workdir, spec_file, chain_round) -> None:
+def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workdir, spec_file, model_dir,
+         chain_round) -> None:
     """Run Krill end to end on this machine and print the outcome."""
     from rich.console import Console
 
@@ -48,7 +51,8 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
             raise ConfigError(f"--adversaries {adversaries} exceeds --workers {workers}")
         overrides = tomllib.loads(Path(spec_file).read_text()) if spec_file else {}
         config = DemoConfig(workers=workers, adversaries=adversaries, verifiers=verifiers, minutes=minutes,
-                            versions=versions, spec_overrides=overrides)
+                            versions=versions, spec_overrides=overrides,
+                            model_dir=Path(model_dir) if model_dir else None)
         where = Path(workdir) if workdir else krill_home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
         console.print(f"[bold]krill demo[/bold] in {where}")
         summary = run_demo(config, where, echo=lambda line: console.print(line, highlight=False))

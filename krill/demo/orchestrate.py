@@ -46,6 +46,8 @@ class DemoConfig(BaseModel):
     shards: int = Field(2, ge=1, le=16, description="Model shards.")
     eval_every: int = Field(10, ge=1, description="Coordinator evaluates every this many versions.")
     spec_overrides: dict = Field(default_factory=dict, description="Run-spec fields for create-run (TOML table).")
+    model_dir: Path | None = Field(None, description="Local HF model to post-train (default: the built-in base model).")
+    release_eval_n: int | None = Field(None, ge=1, description="Held-out prompts for the release's evals (default: the spec's).")
 
 
 @dataclass
@@ -90,9 +92,12 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
     env.pop("KRILL_CONFIG", None)
     run = DemoRun(workdir)
 
-    echo("building (or reusing) the base model ...")
-    model_dir = ensure_base_model(progress=lambda step, loss, acc: echo(
-        f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
+    if config.model_dir is not None:
+        model_dir = config.model_dir
+    else:
+        echo("building (or reusing) the base model ...")
+        model_dir = ensure_base_model(progress=lambda step, loss, acc: echo(
+            f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
     with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log") as node, \
             ProcessGroup(workdir / "logs", env) as procs:
@@ -169,8 +174,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         summary = collect_summary(db_url, run)
         final = summary["versions"]
         echo(f"training stopped after {train_seconds / 60:.1f} min at version {final}; releasing ...")
+        eval_n = [] if config.release_eval_n is None else ["--eval-n", str(config.release_eval_n)]
         out = procs.run("release", ["--config", str(run.configs["coordinator"]), "release", "--version", str(final),
-                                    "--out", str(workdir / "release"), "--json"], timeout=900)
+                                    "--out", str(workdir / "release"), "--json", *eval_n], timeout=900)
         release = _last_json(out)
         summary.update(base_accuracy=release["evals"]["base"]["accuracy"],
                        final_accuracy=release["evals"]["version"]["accuracy"], release_cid=release["cid"],
