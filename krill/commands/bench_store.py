@@ -82,13 +82,13 @@ def run_bench(size_mb: int = 50, repeats: int = 3) -> dict:
     gradients = [GradientShard(s, "fp16", {n: rng.normal(size=k).astype(np.float32) for n, k in lengths.items()})
                  for s, lengths in grad_lengths.items()]
     limits = PayloadLimits(vocab_size=vocab)
-    body = dict(run_id="bench", chain_id=31337, contract="0x" + "ab" * 20, worker="0x" + "cd" * 20,
-                ed25519_key=bytes(key.verify_key).hex(), model_version=1, manifest_cid=file_cid(b"manifest"),
+    body = dict(run_id="be" * 32, chain_id=31337, contract="0x" + "ab" * 20, worker="0x" + "cd" * 20,
+                ed25519_key=bytes(key.verify_key).hex(), model_version=1, behaviour_version=1, manifest_cid=file_cid(b"manifest"),
                 task="arith", prompt_seed=1, nonce=0,
                 sampling={"temperature_milli": 1000, "max_new_tokens": completion_len, "seed": 7})
     header, files = build_contribution(body, rollouts, gradients, key, limits)
     header_bytes = header.encode()
-    context = ExpectedContext(run_id="bench", chain_id=31337, contract=body["contract"], worker=body["worker"],
+    context = ExpectedContext(run_id=body["run_id"], chain_id=31337, contract=body["contract"], worker=body["worker"],
                               ed25519_key=body["ed25519_key"], model_version=1, digest=header.digest)
     results["contribution_bytes"] = len(header_bytes) + sum(len(v) for v in files.values())
     results["contribution_masked_values"] = 2 * tensors_per_shard * masked
