@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, or_, select
+from sqlalchemy.exc import IntegrityError
 
 from krill.chain.events import ChainEvent, decode_log
 from krill.chain.rpc import endpoint_of, with_retries
@@ -131,10 +132,15 @@ class Indexer:
         meta = session.get(IndexMeta, 1, with_for_update=True)
         protocol = address(self.chain.address)
         if meta is None:
-            meta = IndexMeta(id=1, chain_id=self.chain_id, protocol=protocol, start_block=self.start_block,
-                             next_block=self.start_block)
-            session.add(meta)
-            session.flush()
+            # Two indexers may both find no row: the second insert loses on the primary key, and its
+            # savepoint rolls back alone; it then waits on the winner's row like any later pass.
+            try:
+                with session.begin_nested():
+                    session.add(IndexMeta(id=1, chain_id=self.chain_id, protocol=protocol,
+                                          start_block=self.start_block, next_block=self.start_block))
+            except IntegrityError:
+                pass
+            meta = session.get(IndexMeta, 1, with_for_update=True, populate_existing=True)
         elif (meta.chain_id, meta.protocol) != (self.chain_id, protocol):
             raise IndexMismatchError(
                 f"this database indexes contract {meta.protocol} on chain {meta.chain_id}, not {protocol} on "

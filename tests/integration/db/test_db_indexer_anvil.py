@@ -99,3 +99,31 @@ def test_index_command_without_a_contract_says_what_to_do(tmp_path):
     result = CliRunner().invoke(index, ["sync"], env={"KRILL_DATABASE__URL": f"sqlite:///{tmp_path / 'x.db'}"})
     assert result.exit_code != 0
     assert "chain.protocol_address is not set" in str(result.exception)
+
+
+def test_two_indexers_creating_the_cursor_row_at_once_both_proceed(db_url, anvil_played):
+    """The second indexer's insert of the cursor row loses to the first's and carries on with its row."""
+    node, sc, store = anvil_played
+    with open_database(db_url) as db_a, open_database(db_url) as db_b:
+        def indexer(db):
+            return Indexer(KrillChain(connect_http(node.rpc_url), sc.deployment.protocol), db, store,
+                           start_block=sc.deployment.block_number)
+
+        a, b = indexer(db_a), indexer(db_b)
+        seen: list[int] = []
+        errors: list[BaseException] = []
+        with db_a.write() as session:
+            a._meta(session)  # row inserted, not yet committed
+
+            def second() -> None:
+                try:
+                    seen.append(b.next_block())
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            thread = threading.Thread(target=second)
+            thread.start()
+            thread.join(timeout=1.0)  # on PostgreSQL it waits on the uncommitted row; SQLite on the lock
+        thread.join(timeout=30)
+        assert errors == []
+        assert seen == [sc.deployment.block_number]
