@@ -1,4 +1,4 @@
-"""`krill audit --version V | --all`: recompute published versions and compare them with the chain.
+"""`krill audit --version V | --last N | --all`: recompute published versions and compare them with the chain.
 
 Design decisions:
 - Needs only chain + store access (config: chain, store, run.id); no keystore, no database.
@@ -45,24 +45,29 @@ def _print_report(console, report) -> None:
 @click.command("audit")
 @click.option("--version", "version", type=click.IntRange(1, None), help="Version to audit (>= 1).")
 @click.option("--all", "all_versions", is_flag=True, help="Audit every published version 1..latest.")
+@click.option("--last", "last", type=click.IntRange(1, None), help="Audit the N most recent published versions.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
-def audit(version: int | None, all_versions: bool, as_json: bool) -> None:
+def audit(version: int | None, all_versions: bool, last: int | None, as_json: bool) -> None:
     """Recompute a version from its aggregation record, parent and contributions; exit 1 on a mismatch."""
     from rich.console import Console
 
     from krill.audit import AuditSource, audit_versions
 
-    if (version is None) == (not all_versions):
-        raise click.UsageError("give exactly one of --version V and --all")
+    if sum((version is not None, all_versions, last is not None)) != 1:
+        raise click.UsageError("give exactly one of --version V, --last N and --all")
     with ExitStack() as stack:
         _, chain, store, spec = open_public_run(stack)
         source = AuditSource(chain, store, spec)
-        versions = range(1, source.latest_version() + 1) if all_versions else [version]
+        latest = source.latest_version()
+        if version is not None:
+            versions = [version]
+        else:
+            versions = range(1 if all_versions else max(1, latest - last + 1), latest + 1)
         reports = audit_versions(source, versions)
     ok = all(r.ok for r in reports)
     if as_json:
         data = {"ok": ok, "versions": [r.to_dict() for r in reports]}
-        click.echo(json.dumps(data if all_versions else reports[0].to_dict(), sort_keys=True))
+        click.echo(json.dumps(reports[0].to_dict() if version is not None else data, sort_keys=True))
     else:
         console = Console(width=max(120, Console().width), highlight=False)
         for report in reports:

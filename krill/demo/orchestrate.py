@@ -49,6 +49,7 @@ class DemoConfig(BaseModel):
     spec_overrides: dict = Field(default_factory=dict, description="Run-spec fields for create-run (TOML table).")
     model_dir: Path | None = Field(None, description="Local HF model to post-train (default: the built-in base model).")
     release_eval_n: int | None = Field(None, ge=1, description="Held-out prompts for the release's evals (default: the spec's).")
+    audit_last: int = Field(3, ge=0, description="`krill audit` the last this many versions before the chain stops (0: none).")
 
 
 @dataclass
@@ -179,6 +180,15 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         out = procs.run("release", ["--config", str(run.configs["coordinator"]), "release", "--version", str(final),
                                     "--out", str(workdir / "release"), "--json", *eval_n], timeout=900)
         release = _last_json(out)
+        if config.audit_last and final:
+            # The devnet lives as long as the demo: audit now, from chain + store only, as anyone could.
+            echo(f"auditing the last {min(config.audit_last, final)} version(s) from public data ...")
+            audited = procs.run("audit", ["--config", str(run.configs["coordinator"]), "audit", "--last",
+                                          str(config.audit_last), "--json"], timeout=900, ok_exit=(0, 1))
+            report = _last_json(audited)
+            summary["audit"] = {"ok": report["ok"], "versions": [v["version"] for v in report["versions"]],
+                                "failures": [f"v{v['version']}: {c['name']}" for v in report["versions"]
+                                             for c in v["checks"] if not c["ok"]]}
         summary.update(base_accuracy=release["evals"]["base"]["accuracy"],
                        final_accuracy=release["evals"]["version"]["accuracy"], release_cid=release["cid"],
                        wall_seconds=round(time.monotonic() - started, 1), train_seconds=round(train_seconds, 1),

@@ -63,8 +63,12 @@ class ProcessGroup:
         self.children.append(child)
         return child
 
-    def run(self, name: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> str:
-        """Run `krill <args>` to completion; returns its output or raises with the log's tail."""
+    def run(self, name: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 600,
+            ok_exit: tuple[int, ...] = (0,)) -> str:
+        """Run `krill <args>` to completion; returns its output or raises with the log's tail.
+
+        `ok_exit`: exit statuses that are answers rather than failures (`krill audit` exits 1 on a mismatch).
+        """
         from krill.errors import KrillError
 
         child = self.krill(name, args, env)
@@ -73,7 +77,7 @@ class ProcessGroup:
         except subprocess.TimeoutExpired:
             stop_pid(child.pid, 5.0, child.popen)
             raise KrillError(f"`krill {' '.join(args)}` did not finish in {timeout:.0f}s; see {child.log_path}") from None
-        if child.popen.returncode != 0:
+        if child.popen.returncode not in ok_exit:
             raise KrillError(f"`krill {' '.join(args)}` failed (exit {child.popen.returncode}):\n{child.tail()}")
         return child.log_path.read_text(errors="replace")
 

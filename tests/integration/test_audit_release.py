@@ -244,6 +244,9 @@ def test_audit_all_prints_a_table_and_exits_1(run):
         assert f"version {version}: " in result.output and "MISMATCH" in result.output
     data = json.loads(run.invoke(audit, ["--all", "--json"]).output)
     assert [v["ok"] for v in data["versions"]] == [True, True, False, False, False, False]
+    last = json.loads(run.invoke(audit, ["--last", "2", "--json"]).output)
+    assert [v["version"] for v in last["versions"]] == [5, 6] and last["ok"] is False
+    assert run.invoke(audit, ["--last", "2", "--all"]).exit_code == 2
 
 
 def test_release_writes_a_loadable_model_with_a_card_and_a_deterministic_cid(run, tmp_path):
