@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomli_w
+from worker_accounts import PASSWORD, STAKE, UNSTAKED, VERIFIER, WORKERS
 
 from krill.chain.anvil import AnvilProcess
 from krill.chain.client import KrillChain
@@ -26,12 +27,6 @@ from krill.payload.limits import PayloadLimits
 from krill.protocol.spec import ChainSpec, RolloutSpec, RunSpec, publish_spec
 from krill.rl.staleness import StalenessConfig
 from krill.store.local import LocalStore
-
-PASSWORD = "worker-test-password"
-WORKERS = (2, 3, 4, 5, 6)  # dev accounts staked as workers
-UNSTAKED = 7  # funded, never staked by the fixture
-VERIFIER = 8
-STAKE = 200 * TOKEN
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from click.testing import CliRunner
+from worker_accounts import PASSWORD, UNSTAKED, VERIFIER
 
 from krill.chain.events import Committed
 from krill.config import load_config
@@ -83,7 +84,6 @@ def _cli(env, run, index, state_dir, *args, keystore=None):
 
 
 def test_stake_and_run_explain_what_is_missing(worker_env, tmp_path):
-    from conftest import PASSWORD, UNSTAKED
 
     from krill.keystore import KdfCost, create_keystore
 
@@ -108,7 +108,6 @@ def test_stake_and_run_explain_what_is_missing(worker_env, tmp_path):
 
 
 def test_jailed_worker_stops_with_a_clear_message(worker_env, tmp_path):
-    from conftest import VERIFIER
 
     env = worker_env
     run = env.new_run("jailed", quorum=1)

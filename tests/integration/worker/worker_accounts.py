@@ -1,0 +1,9 @@
+"""Which dev accounts the worker tests' fixture stakes, and the keystore password (importable by name)."""
+
+from krill.chain.deploy import TOKEN
+
+PASSWORD = "worker-test-password"
+WORKERS = (2, 3, 4, 5, 6)  # dev accounts staked as workers
+UNSTAKED = 7  # funded, never staked by the fixture
+VERIFIER = 8
+STAKE = 200 * TOKEN
