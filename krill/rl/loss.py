@@ -13,14 +13,20 @@ Design decisions:
 - Token-level normalisation: the sum over all completion tokens divided by their number (or by
   a caller-given count, so a worker that skips zero-advantage sequences still divides by all
   its tokens and every token weighs the same across workers).
+- `off_policy_correction = "none"` is an ablation, not a setting for real runs: the ratio is
+  taken against the learner itself (r = 1 in value), so stale rollouts count as on-policy
+  (plain REINFORCE-style gradient A x grad log pi, no clipping, no truncation). The field is left
+  out of the serialised config at its default, so run specs and their ids are unchanged.
 - Optional KL to a reference policy with the non-negative k3 estimator, off by default (the
   verifiable reward is the objective; a KL anchor slows learning on small models).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 class LossConfig(BaseModel):
@@ -33,6 +39,16 @@ class LossConfig(BaseModel):
     is_cap: float = Field(2.0, ge=1.0, le=1e6, description="C in the truncated importance weight min(pi/mu, C).")
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL penalty to the reference policy.")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Temperature of the learner's log-probs (match sampling).")
+    off_policy_correction: Literal["truncated-is", "none"] = Field(
+        "truncated-is", description="'truncated-is': ratios to the behaviour policy, clipped and truncated; "
+                                    "'none' (ablation): ratio fixed at 1, stale rollouts treated as on-policy.")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_correction(self, handler):
+        data = handler(self)
+        if self.off_policy_correction == "truncated-is":
+            data.pop("off_policy_correction", None)
+        return data
 
 
 def policy_loss(logprobs: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -44,6 +60,8 @@ def policy_loss(logprobs: torch.Tensor, behaviour: torch.Tensor, advantages: tor
     advantages [B] per sequence, mask [B, T] 1 on completion tokens. `num_tokens` overrides the
     normaliser (default: mask.sum()).
     """
+    if config.off_policy_correction == "none":
+        behaviour = logprobs.detach()
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(-1)
     log_ratio = (logprobs - behaviour) * mask

@@ -55,3 +55,19 @@ def test_k3_kl_penalty():
     kl = 0.5 - math.log(0.5) - 1  # exp(ref - logp) - (ref - logp) - 1
     assert stats["kl"] == pytest.approx(kl)
     assert float(loss.detach()) == pytest.approx(0.5 * kl)
+
+
+def test_without_off_policy_correction_the_ratio_is_one_whatever_the_behaviour():
+    cfg = LossConfig(off_policy_correction="none")
+    for ratio, adv in [(4.0, -1.0), (1.5, 1.0), (0.5, -1.0), (1.0, 2.0)]:
+        got_loss, got_grad, stats = _one_token(ratio, adv, cfg)
+        assert got_loss == pytest.approx(-adv) and got_grad == pytest.approx(-adv)  # A x grad log pi
+        assert stats["clip_fraction"] == 0 and stats["truncated_fraction"] == 0 and stats["mean_ratio"] == 1
+    # The default corrects (weight min(r, C) = 2 here) and is left out of the encoding, so run
+    # specs written before the switch existed encode (and hash) the same.
+    assert _one_token(4.0, -1.0)[1] == pytest.approx(2.0)
+    assert "off_policy_correction" not in LossConfig().model_dump()
+    assert LossConfig().model_dump_json() == (
+        '{"clip_low":0.2,"clip_high":0.28,"is_cap":2.0,"kl_coef":0.0,"temperature":1.0}')
+    assert cfg.model_dump()["off_policy_correction"] == "none"
+    assert LossConfig.model_validate_json(cfg.model_dump_json()) == cfg
