@@ -28,6 +28,7 @@ class RunContext:
     shards: list[int] | None = None
     _states: dict[int, object] = field(default_factory=dict, repr=False)
     _contributions: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> bytes:
@@ -50,6 +51,23 @@ class RunContext:
             for old in [v for v in self._states if v < version - self.spec.chain.max_staleness - 2]:
                 del self._states[old]
         return self._states[version]
+
+    @property
+    def tokenizer(self):
+        """The run's tokenizer (the base manifest's; fixed for the run)."""
+        if "tokenizer" not in self._cache:
+            from krill.protocol.policy import load_tokenizer
+
+            self._cache["tokenizer"] = load_tokenizer(self.state(0))
+        return self._cache["tokenizer"]
+
+    @property
+    def task(self):
+        if "task" not in self._cache:
+            from krill.rl.tasks import get_task
+
+            self._cache["task"] = get_task(self.spec.task)
+        return self._cache["task"]
 
     def grad_lengths(self, version: int) -> dict[int, dict[str, int]]:
         """Per shard, the mask length of each tensor of a gradient computed at `version`."""

@@ -18,6 +18,11 @@ Design decisions:
   each pass until `spec.version.deadline_s` after its commit block, then it is rejected as
   unavailable. A store outage (unreachable, not merely missing) propagates to the loop, which
   backs off; it never turns into rejections.
+- Before a contribution can be folded it also passes the verifier's cheap checks (assignment and
+  rewards recomputed: a tokenizer pass and the task's reward function, no model), so reward
+  forgery, cherry-picked prompts and copied payloads are never applied, checked or not. The
+  expensive replays (re-sampling, gradients) stay with the verifiers: aggregation is optimistic
+  for those (DESIGN §5), and the trust weight and the slash answer a failure.
 - Staleness, jail and the trust floor are re-checked when a version closes (trust changes with
   verdicts), but a commit already too stale for the next version is rejected here at once.
 """
@@ -162,8 +167,27 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
         return _reject(RejectionCode.STALE, f"rollouts sampled at version {contribution.header.behaviour_version}, "
                                             f"{behind} behind the learner version (S_max = "
                                             f"{ctx.spec.staleness.max_staleness})")
+    cheap = cheap_replay(ctx, contribution)
+    if cheap is not None:
+        return cheap
     return Outcome(ContributionStatus.ACCEPTED, contribution=contribution,
                    bytes_received=contribution_bytes(contribution))
+
+
+def cheap_replay(ctx, contribution) -> Outcome | None:
+    """The verifier's two cheap checks, run on every contribution before it can be folded: the
+    prompts, seeds and sampling parameters are the assignment's, and every claimed reward is the
+    task's reward of its completion. None when both hold, else the rejection."""
+    from krill.protocol.work import check_assignment, check_rewards
+
+    header, batch = contribution.header, contribution.rollouts
+    assignment = check_assignment(ctx.spec, ctx.task, ctx.tokenizer, header, batch)
+    if not assignment.ok:
+        return _reject(RejectionCode.WRONG_ASSIGNMENT, f"assignment: {assignment.detail}")
+    rewards = check_rewards(ctx.spec, ctx.task, ctx.tokenizer, header, batch)
+    if not rewards.ok:
+        return _reject(RejectionCode.WRONG_REWARDS, f"rewards: {rewards.detail}")
+    return None
 
 
 def undecided_commits(ctx) -> list[CommitView]:

@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from krill.errors import ConfigError
 
@@ -114,19 +114,32 @@ class _RoleSection(_Section):
 class WorkerConfig(_RoleSection):
     """Settings of `krill worker run`."""
 
-    behavior: Literal["honest", "forge-rewards"] = Field(
-        "honest", description="Strategy; anything but 'honest' is an attack, for tests, demos and benchmarks.")
+    behavior: str = Field(
+        "honest", description="Strategy; anything but 'honest' is an attack, for tests, demos and benchmarks "
+                              "(`krill worker run --help` lists them).")
     shards: list[int] | None = Field(None, description="Shards to compute gradients for; default all.")
     max_contributions: int | None = Field(None, ge=1, description="Stop after this many commits (default: run on).")
     max_per_version: int | None = Field(2, ge=1, description="Commits per published version before waiting for the "
                                         "next one (work beyond what a version folds only goes stale); None: no limit.")
     stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill worker stake` deposits.")
 
+    @field_validator("behavior")
+    @classmethod
+    def _known_behavior(cls, value: str) -> str:
+        from krill.worker.behaviors import BEHAVIORS
+
+        if value not in BEHAVIORS:
+            raise ValueError(f"unknown strategy {value!r}; choose one of {', '.join(sorted(BEHAVIORS))}")
+        return value
+
 
 class VerifierConfig(_RoleSection):
     """Settings of `krill verifier run`."""
 
     stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill verifier stake` deposits.")
+    calibration: Path | None = Field(None, description="Tolerance table from `krill calibrate` on this machine; the "
+                                     "verifier applies, per tolerance, the looser of it and the run spec's. Default: "
+                                     "the table shipped with Krill.")
 
 
 class CoordinatorConfig(_RoleSection):

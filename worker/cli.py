@@ -14,6 +14,9 @@ from __future__ import annotations
 import click
 
 from krill.errors import KrillError
+from krill.worker.behaviors import BEHAVIORS
+
+BEHAVIOR_NAMES = sorted(BEHAVIORS)
 
 
 @click.group("worker")
@@ -35,7 +38,7 @@ def stake(amount: str | None) -> None:
 
 
 @worker.command("run")
-@click.option("--behavior", type=click.Choice(["honest", "forge-rewards"]), default=None,
+@click.option("--behavior", type=click.Choice(BEHAVIOR_NAMES), default=None,
               help="Strategy (default: worker.behavior); anything but honest is an attack for tests and demos.")
 @click.option("--max-contributions", type=click.IntRange(min=1), default=None,
               help="Stop after this many commits (default: worker.max_contributions, else run on).")

@@ -6,7 +6,8 @@ Design decisions:
   rollouts are never thrown away just because the coordinator moved on while they were sampled.
   If even that gap exceeds S_max the rollouts are dropped (and recorded).
 - The work itself is `krill.protocol.work` (sample / learn / package), the code verifiers replay;
-  the strategy (`behaviors`) only rewrites the rewards between sampling and learning.
+  the strategy (`behaviors`) hooks in at each stage (sampling, rewards, gradients, signing, the
+  committed version, the upload); the honest strategy's hooks are exactly the core functions.
 - Crash safety comes from `WorkerState`: the nonce is reserved before sampling, the signed bytes
   are saved and named as pending before anything is uploaded or committed, and the pending entry
   is cleared only once the outcome is logged. `submit` is idempotent: it first asks the chain
@@ -98,14 +99,17 @@ class Contributor:
     def prepare(self):
         """Sample, learn, package and save a contribution as pending; returns the arguments of
         `submit`, or the Outcome of rollouts that went stale while they were sampled."""
-        from krill.protocol.work import learn, package, sample
+        from krill.protocol.work import learn
+        from krill.worker.behaviors import Work
 
         started = time.perf_counter()
         b = self.backoff.call(self.source.latest, "chain (latest version)")
         engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
         nonce = self.state.reserve_nonce()
-        sampled = sample(self.spec, task, tok, engine, self.who.worker, nonce)
+        work = Work(self.spec, task, tok, self.who, nonce, chain=self.chain, store=self.store, source=self.source,
+                    engine=engine, shards=self.shards)
+        sampled = self.behavior.sample(work)
         true_rewards = sampled.rewards
         sampled.rewards = self.behavior.reported_rewards(true_rewards)
         seconds = {"sample": sampled.seconds}
@@ -120,12 +124,14 @@ class Contributor:
             return outcome
         model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
         learned = learn(self.spec, model, learner_state, sampled, self.shards, tok.pad_token_id)
+        work.learner, work.learner_state = model, learner_state
+        learned.values = self.behavior.gradients(work, sampled, learned.values)
         seconds["learn"] = learned.seconds
         t = time.perf_counter()
-        header, files = package(self.spec, task, self.who, learner_state, sampled, learned)
+        header, files = self.behavior.sign(work, sampled, learned)
         header_bytes = header.encode()
-        pending = Pending(model_version=v, behaviour_version=b, nonce=nonce, digest=header.digest.hex(),
-                          files=sorted(files), summary=summary)
+        pending = Pending(model_version=self.behavior.commit_version(work, v, v), behaviour_version=b, nonce=nonce,
+                          digest=header.digest.hex(), files=sorted(files), summary=summary)
         self.state.save_pending(pending, header_bytes, files)
         seconds["package"] = time.perf_counter() - t
         return pending, header_bytes, files, seconds, started
@@ -171,14 +177,14 @@ class Contributor:
         if existing:
             return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=existing))
         t = time.perf_counter()
-        uploaded = self._upload(header, files)
+        uploaded = self._upload(header, files) if self.behavior.uploads else 0
         seconds = dict(seconds) | {"upload": time.perf_counter() - t}
         t = time.perf_counter()
         try:
             receipt = self.backoff.call(lambda: self.chain.commit(self.spec.run_id, pending.model_version,
                                                                   pending.nonce, digest), "chain (commit)")
             commit_id = receipt.event(Committed).commit_id
-        except E.CommitVersionTooStale as exc:
+        except (E.CommitVersionTooStale, E.CommitVersionFromFuture) as exc:
             seconds["commit"] = time.perf_counter() - t
             return self._finish(self._outcome(STALE, pending, seconds, started, resumed, bytes_uploaded=uploaded,
                                               detail=f"contract: {exc}"))

@@ -98,6 +98,7 @@ class RejectionCode(enum.StrEnum):
     JAILED = "jailed"
     UNAVAILABLE = "unavailable"
     WRONG_ASSIGNMENT = "wrong_assignment"
+    WRONG_REWARDS = "wrong_rewards"
     BELOW_TRUST_FLOOR = "below_trust_floor"
     SLASHED = "slashed"
 

@@ -6,50 +6,15 @@ import hashlib
 import time
 
 import pytest
-from verifier_env import VERIFIER, WINDOW, WORKER_A, WORKER_B
+from verifier_env import VERIFIER, WINDOW, WORKER_A, WORKER_B, drive, make_loop, verdict
 
 from krill.chain.events import Committed
-from krill.store.cid import digest_to_cid
 from krill.verifier.attest import Who
-from krill.verifier.evidence import load_evidence
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.select import unavailable_after
 from krill.verifier.state import ATTESTED, PENDING, VerifierState
 
 CHECKS = ["signature", "payload", "assignment", "rewards", "resample", "gradient"]
-
-
-def make_loop(env, path, start_block: int, lines: list[str]) -> VerifierLoop:
-    chain = env.at(VERIFIER)
-    state = VerifierState(path, contract=env.protocol, run_id=env.spec.run_id, verifier=env.address(VERIFIER))
-    who = Who(env.w3.eth.chain_id, env.protocol, env.address(VERIFIER), bytes(env.keys[VERIFIER].verify_key), "hf-torch")
-    return VerifierLoop(chain, env.store, env.spec, state, who,
-                        LoopSettings(poll_interval_s=0.05, max_backoff_s=1.0, payload_retry_s=0.05),
-                        echo=lines.append, start_block=start_block)
-
-
-def drive(env, loop: VerifierLoop, commit_ids: list[int], timeout: float = 60.0) -> None:
-    """Step the loop until every commit is decided, mining a block when randomness needs one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        loop.step()
-        if all(loop.state.decision(c).status != PENDING for c in commit_ids):
-            return
-        env.mine(1)
-    raise AssertionError(f"commits {commit_ids} still pending: {[loop.state.decision(c) for c in commit_ids]}")
-
-
-def verdict(env, loop: VerifierLoop, commit_id: int):
-    """The on-chain attestation and the evidence document it points to (checked to match)."""
-    decision = loop.state.decision(commit_id)
-    assert decision.status == ATTESTED, decision
-    onchain = env.at(VERIFIER).attestation_of(commit_id, env.address(VERIFIER))
-    assert onchain.exists and onchain.ok == decision.ok
-    assert digest_to_cid(onchain.evidence_digest) == decision.evidence_cid
-    evidence = load_evidence(env.store, decision.evidence_cid)
-    assert hashlib.sha256(evidence.encode()).digest() == onchain.evidence_digest
-    assert evidence.commit_id == commit_id and evidence.ok == onchain.ok
-    return evidence
 
 
 def test_honest_contributions_pass_every_check(run_env, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +27,12 @@ from krill.model.build import TinyModelSpec, build_tiny_model
 from krill.model.publish import publish_model_dir
 from krill.payload.limits import PayloadLimits
 from krill.protocol.spec import ChainSpec, RolloutSpec, RunSpec, publish_spec
+from krill.store.cid import digest_to_cid
 from krill.store.local import LocalStore
+from krill.verifier.attest import Who
+from krill.verifier.evidence import load_evidence
+from krill.verifier.loop import LoopSettings, VerifierLoop
+from krill.verifier.state import ATTESTED, PENDING, VerifierState
 
 WINDOW = 30
 TINY = TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64)
@@ -122,22 +128,30 @@ class RunEnv:
         return receipt.event(Committed).commit_id, header
 
 
-def start_run_env(tmp_path_factory, name: str) -> RunEnv:
+def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None,
+                  rollout: RolloutSpec | None = None) -> RunEnv:
+    """A run on a fresh Anvil node; the tiny untrained model unless `model_dir` names another."""
     root = tmp_path_factory.mktemp(name)
-    anvil = AnvilProcess.start()
+    anvil = AnvilProcess.start(accounts=max(20, accounts))
     try:
         w3 = connect_http(anvil.rpc_url)
-        accounts = dev_accounts(6)
+        accounts = dev_accounts(accounts)
         admin = accounts[ADMIN]
         deployment = deploy(w3, admin)
         fund_accounts(w3, deployment, admin, [a.address for a in accounts], 10_000 * TOKEN)
         torch.manual_seed(0)
-        _, tokenizer = build_tiny_model(seed=3, spec=TINY, directory=root / "model")
+        if model_dir is None:
+            model_dir = root / "model"
+            _, tokenizer = build_tiny_model(seed=3, spec=TINY, directory=model_dir)
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         store = LocalStore(root / "store")
-        manifest, manifest_cid = publish_model_dir(store, root / "model", num_shards=2)
+        manifest, manifest_cid = publish_model_dir(store, model_dir, num_shards=2)
         chain_spec = ChainSpec(check_probability_ppm=1_000_000, challenge_window_blocks=WINDOW, attestation_quorum=1)
         spec = RunSpec(name=name, seed=7, task="arithmetic", base_manifest_cid=manifest_cid, num_shards=2,
-                       rollout=RolloutSpec(prompts_per_contribution=4, group_size=4), chain=chain_spec,
+                       rollout=rollout or RolloutSpec(prompts_per_contribution=4, group_size=4), chain=chain_spec,
                        limits=PayloadLimits(vocab_size=len(tokenizer)))
         publish_spec(store, spec)
         c = spec.chain
@@ -157,3 +171,39 @@ def start_run_env(tmp_path_factory, name: str) -> RunEnv:
     except BaseException:
         anvil.stop()
         raise
+
+
+# ------------------------------------------------------------------ driving a verifier
+
+
+def make_loop(env, path, start_block: int, lines: list[str]) -> VerifierLoop:
+    chain = env.at(VERIFIER)
+    state = VerifierState(path, contract=env.protocol, run_id=env.spec.run_id, verifier=env.address(VERIFIER))
+    who = Who(env.w3.eth.chain_id, env.protocol, env.address(VERIFIER), bytes(env.keys[VERIFIER].verify_key), "hf-torch")
+    return VerifierLoop(chain, env.store, env.spec, state, who,
+                        LoopSettings(poll_interval_s=0.05, max_backoff_s=1.0, payload_retry_s=0.05),
+                        echo=lines.append, start_block=start_block)
+
+
+def drive(env, loop: VerifierLoop, commit_ids: list[int], timeout: float = 60.0) -> None:
+    """Step the loop until every commit is decided, mining a block when randomness needs one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loop.step()
+        if all(loop.state.decision(c).status != PENDING for c in commit_ids):
+            return
+        env.mine(1)
+    raise AssertionError(f"commits {commit_ids} still pending: {[loop.state.decision(c) for c in commit_ids]}")
+
+
+def verdict(env, loop: VerifierLoop, commit_id: int):
+    """The on-chain attestation and the evidence document it points to (checked to match)."""
+    decision = loop.state.decision(commit_id)
+    assert decision.status == ATTESTED, decision
+    onchain = env.at(VERIFIER).attestation_of(commit_id, env.address(VERIFIER))
+    assert onchain.exists and onchain.ok == decision.ok
+    assert digest_to_cid(onchain.evidence_digest) == decision.evidence_cid
+    evidence = load_evidence(env.store, decision.evidence_cid)
+    assert hashlib.sha256(evidence.encode()).digest() == onchain.evidence_digest
+    assert evidence.commit_id == commit_id and evidence.ok == onchain.ok
+    return evidence

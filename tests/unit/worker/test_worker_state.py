@@ -102,7 +102,7 @@ def test_forge_rewards_reports_the_opposite_of_every_outcome():
     assert torch.equal(get_behavior("honest").reported_rewards(rewards), rewards)
     assert torch.equal(get_behavior("forge-rewards").reported_rewards(rewards), torch.tensor([1.0, 0.0, 0.0, 1.0]))
     with pytest.raises(ConfigError, match="worker.behavior"):
-        get_behavior("lazy")
+        get_behavior("napping")
 
 
 def test_status_line_names_every_figure():
