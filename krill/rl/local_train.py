@@ -138,6 +138,13 @@ class LocalTrainer:
                 masks=masks, compression=c.compression))
         return out
 
+    def shard_updates(self, shard: int, rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows [n, d] and weights [n] the rule aggregates for `shard`: the submissions as they are.
+
+        A hook for benchmarks: `krill.bench.robustness_inproc` adds Byzantine rows here.
+        """
+        return rows, weights
+
     def step(self, contributions: list[Contribution], masks: dict[str, torch.Tensor]) -> dict[str, float]:
         """The coordinator: weigh, decompress, aggregate and update each shard; publish a version."""
         weights = torch.tensor([staleness_weight(self.version - x.version, self.config.staleness)
@@ -149,7 +156,7 @@ class LocalTrainer:
             for x in contributions:
                 values = decompress_values(x.gradients[shard], shard_masks, self.config.compression)
                 rows.append(torch.cat([values[n] for n in names]))
-            agg, stats = aggregate(torch.stack(rows), weights, self.config.rule)
+            agg, stats = aggregate(*self.shard_updates(shard, torch.stack(rows), weights), self.config.rule)
             trimmed.extend(stats.trimmed_fractions)
             split = dict(zip(names, torch.split(agg, [int(shard_masks[n].numel()) for n in names]), strict=True))
             self.optimizers[shard].step(densify(split, shard_masks, {n: self.shapes[n] for n in names}))

@@ -1,0 +1,1 @@
+"""Benchmarks that need more than a command module: grids of training runs, detection studies."""
