@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from krill.errors import KrillError
 
@@ -40,7 +40,9 @@ class DemoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     workers: int = Field(4, ge=1, le=16, description="Worker processes.")
-    adversaries: int = Field(1, ge=0, le=16, description="How many of the workers forge rewards (the last ones).")
+    adversaries: int = Field(1, ge=0, le=16, description="How many of the workers attack (the last ones).")
+    attacks: list[str] = Field(default_factory=lambda: ["forge-rewards"], min_length=1,
+                               description="Strategies of the adversaries, in turn (see `krill worker run --behavior`).")
     verifiers: int = Field(2, ge=1, le=8, description="Verifier processes.")
     minutes: float = Field(12.0, gt=0, le=600, description="Training time budget (after set-up).")
     versions: int = Field(400, ge=1, description="Version budget: the coordinator stops after this version.")
@@ -49,7 +51,18 @@ class DemoConfig(BaseModel):
     spec_overrides: dict = Field(default_factory=dict, description="Run-spec fields for create-run (TOML table).")
     model_dir: Path | None = Field(None, description="Local HF model to post-train (default: the built-in base model).")
     release_eval_n: int | None = Field(None, ge=1, description="Held-out prompts for the release's evals (default: the spec's).")
+    release: bool = Field(True, description="Release (and evaluate) the final version at the end.")
     audit_last: int = Field(3, ge=0, description="`krill audit` the last this many versions before the chain stops (0: none).")
+
+    @field_validator("attacks")
+    @classmethod
+    def _known_attacks(cls, value: list[str]) -> list[str]:
+        from krill.worker.behaviors import BEHAVIORS
+
+        unknown = [v for v in value if v not in BEHAVIORS or v == "honest"]
+        if unknown:
+            raise ValueError(f"unknown attack(s) {unknown}; choose from {', '.join(sorted(set(BEHAVIORS) - {'honest'}))}")
+        return value
 
 
 @dataclass
@@ -118,8 +131,8 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
             keystores[name] = info.path
             run.names[account.address.lower()] = name
             if role == "worker":
-                adversary = int(name.split("-")[1]) >= config.workers - config.adversaries
-                run.behaviors[account.address.lower()] = "forge-rewards" if adversary else "honest"
+                k = int(name.split("-")[1]) - (config.workers - config.adversaries)
+                run.behaviors[account.address.lower()] = config.attacks[k % len(config.attacks)] if k >= 0 else "honest"
 
         def write_configs(run_id: str | None) -> None:
             for role, name in roles:
@@ -146,7 +159,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         echo(f"run {run.run_id}")
         for role, name in roles[1:]:
             procs.run(f"stake-{name}", ["--config", str(run.configs[name]), role, "stake"])
-        echo(f"staked {config.workers} workers ({config.adversaries} forging rewards) and {config.verifiers} verifiers")
+        attacks = sorted({b for b in run.behaviors.values() if b != "honest"})
+        echo(f"staked {config.workers} workers ({config.adversaries} attacking: {', '.join(attacks) or 'none'}) "
+             f"and {config.verifiers} verifiers")
 
         coordinator = procs.krill("coordinator", ["--config", str(run.configs["coordinator"]), "coordinator", "run"])
         for role, name in roles[1:]:
@@ -175,11 +190,15 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
 
         summary = collect_summary(db_url, run)
         final = summary["versions"]
-        echo(f"training stopped after {train_seconds / 60:.1f} min at version {final}; releasing ...")
-        eval_n = [] if config.release_eval_n is None else ["--eval-n", str(config.release_eval_n)]
-        out = procs.run("release", ["--config", str(run.configs["coordinator"]), "release", "--version", str(final),
-                                    "--out", str(workdir / "release"), "--json", *eval_n], timeout=900)
-        release = _last_json(out)
+        echo(f"training stopped after {train_seconds / 60:.1f} min at version {final}"
+             + ("; releasing ..." if config.release else ""))
+        if config.release:
+            eval_n = [] if config.release_eval_n is None else ["--eval-n", str(config.release_eval_n)]
+            out = procs.run("release", ["--config", str(run.configs["coordinator"]), "release", "--version",
+                                        str(final), "--out", str(workdir / "release"), "--json", *eval_n], timeout=900)
+            release = _last_json(out)
+            summary.update(base_accuracy=release["evals"]["base"]["accuracy"],
+                           final_accuracy=release["evals"]["version"]["accuracy"], release_cid=release["cid"])
         if config.audit_last and final:
             # The devnet lives as long as the demo: audit now, from chain + store only, as anyone could.
             echo(f"auditing the last {min(config.audit_last, final)} version(s) from public data ...")
@@ -189,9 +208,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
             summary["audit"] = {"ok": report["ok"], "versions": [v["version"] for v in report["versions"]],
                                 "failures": [f"v{v['version']}: {c['name']}" for v in report["versions"]
                                              for c in v["checks"] if not c["ok"]]}
-        summary.update(base_accuracy=release["evals"]["base"]["accuracy"],
-                       final_accuracy=release["evals"]["version"]["accuracy"], release_cid=release["cid"],
-                       wall_seconds=round(time.monotonic() - started, 1), train_seconds=round(train_seconds, 1),
+        summary.update(wall_seconds=round(time.monotonic() - started, 1), train_seconds=round(train_seconds, 1),
                        run_id=run.run_id, workdir=str(workdir))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
