@@ -21,7 +21,8 @@ Design decisions:
   loss's truncated importance weights and once with the ratio fixed at 1
   (`LossConfig.off_policy_correction = "none"`); staleness weighting stays at its default
   (inverse), so only the correction differs.
-- Three sizes: `tiny` (a random tiny model, seconds: the CI smoke test), `default` (a subset of
+- Three sizes: `tiny` (a random tiny model on one torch thread, which an oversubscribed CI
+  machine runs far faster than two spinning threads: the smoke test), `default` (a subset of
   the grid sized for about 18 minutes on 2 CPU cores) and `full` (every attack x fraction x
   rule, longer runs, 8M-parameter shards).
 """
@@ -64,13 +65,15 @@ class GridSize:
     timing_repeats: int
     timing_budget_s: float
     tiny_model: bool = False
+    threads: int = 0  # torch CPU threads; 0: torch's default (one per core)
 
 
 SIZES: dict[str, GridSize] = {
     "tiny": GridSize(attacks=("sign-flip", "alie"), fractions=(0.0, 0.2), rules=("mean", "clip-mix-trim"),
                      workers=5, prompts_per_worker=2, group_size=4, versions=2, eval_n=20,
                      staleness_bounds=(0, 2), staleness_workers=3, timing_ns=(4, 8), timing_ds=(4096,),
-                     timing_max_elements=1 << 20, timing_repeats=1, timing_budget_s=1.0, tiny_model=True),
+                     timing_max_elements=1 << 20, timing_repeats=1, timing_budget_s=1.0, tiny_model=True,
+                     threads=1),
     "default": GridSize(attacks=("sign-flip", "scale", "alie", "ipm"), fractions=(0.0, 0.2),
                         rules=("mean", "median", "clip-mix-trim"), workers=10, prompts_per_worker=4, group_size=8,
                         versions=25, eval_n=500, staleness_bounds=(0, 1, 2, 4, 8), staleness_workers=8,
@@ -210,10 +213,22 @@ def base_model_figures(model_dir: Path, size: GridSize) -> tuple[float, int]:
 
 def run_inproc(size_name: str, echo: Callable[[str], None] = print, model_dir: Path | None = None) -> dict:
     """Every in-process figure of `krill bench robustness` at size `size_name` (tiny, default, full)."""
-    from krill.bench_env import machine_facts
-
     size = SIZES[size_name]
     started = time.perf_counter()
+    threads = torch.get_num_threads()
+    if size.threads:
+        torch.set_num_threads(size.threads)
+    try:
+        result = _run(size_name, size, echo, model_dir)
+    finally:
+        torch.set_num_threads(threads)
+    result["seconds"]["inproc_total"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def _run(size_name: str, size: GridSize, echo: Callable[[str], None], model_dir: Path | None) -> dict:
+    from krill.bench_env import machine_facts
+
     with tempfile.TemporaryDirectory(prefix="krill-bench-robustness-") as tmp:
         if model_dir is None and size.tiny_model:
             model_dir, model_name = _tiny_model(Path(tmp) / "model"), "tiny random Llama (hidden 32, 2 layers)"
@@ -237,5 +252,4 @@ def run_inproc(size_name: str, echo: Callable[[str], None] = print, model_dir: P
             t0 = time.perf_counter()
             result[key] = fn()
             result["seconds"][key] = round(time.perf_counter() - t0, 1)
-    result["seconds"]["inproc_total"] = round(time.perf_counter() - started, 1)
     return result

@@ -12,6 +12,7 @@ from krill.cli import LazyGroup
 
 BENCHMARKS = {
     "gas": "krill.commands.bench_gas:gas",
+    "robustness": "krill.commands.bench_robustness:robustness",
     "store": "krill.commands.bench_store:store",
 }
 
