@@ -32,6 +32,7 @@ CORE_COMMANDS: dict[str, str] = {
     "eval": "krill.commands.eval_cmd:eval_",
     "train": "krill.commands.train_cmd:train",
     "audit": "krill.commands.audit_cmd:audit",
+    "calibrate": "krill.commands.calibrate_cmd:calibrate",
     "release": "krill.commands.release_cmd:release",
 }
 ROLE_GROUP = "krill.commands"

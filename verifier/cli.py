@@ -125,7 +125,7 @@ def run(max_attestations: int | None) -> None:
     settings = LoopSettings(poll_interval_s=config.verifier.poll_interval_s, max_backoff_s=config.verifier.max_backoff_s,
                             confirmations=config.chain.confirmations,
                             devnet_mine_after_s=2.0 if chain_id in DEVNET_CHAIN_IDS else None)
-    loop = VerifierLoop(chain, store, spec, state, who, settings, echo=echo)
+    loop = VerifierLoop(chain, store, spec, state, who, settings, echo=echo, calibration=config.verifier.calibration)
     counts = state.counts()
     echo(f"verifier {identity.address} on run {spec.run_id.hex()[:16]}… (check probability "
          f"{spec.chain.check_probability_ppm / 10_000:g}%, window {spec.chain.challenge_window_blocks} blocks); "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from krill.chain import errors as E
 from krill.errors import ChainUnavailableError, StoreUnavailableError
@@ -53,11 +54,12 @@ class VerifierLoop:
     """One verifier on one run."""
 
     def __init__(self, chain, store, spec, state: VerifierState, who: Who, settings: LoopSettings = LoopSettings(),
-                 echo: Callable[[str], None] = print, start_block: int | None = None):
+                 echo: Callable[[str], None] = print, start_block: int | None = None,
+                 calibration: Path | None = None):
         self.chain, self.store, self.spec, self.state, self.who = chain, store, spec, state, who
         self.settings = settings
         self.echo = echo
-        self.replayer = Replayer(chain, store, spec, who.key, who.chain_id)
+        self.replayer = Replayer(chain, store, spec, who.key, who.chain_id, calibration)
         self.window = spec.chain.challenge_window_blocks
         self.attested = 0
         self._retry_at: dict[int, tuple[float, float]] = {}  # commit id -> (next try, current delay)

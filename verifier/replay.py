@@ -9,6 +9,9 @@ Design decisions:
   re-sampling from the committed seed at the behaviour version); `gradient` (one shard, drawn by
   `select.gradient_shard`). The protocol core (`krill.protocol.work`) owns the comparisons, so
   the worker and the verifier cannot drift apart.
+- Tolerances: per field the looser of the run spec's and this verifier's calibration table's
+  (`krill calibrate`, `verifier.calibration`; default the table shipped with Krill): the spec is
+  the public rule, and a verifier never fails honest work because its own hardware is noisier.
 - Whose fault: a worker payload that cannot be fetched raises `PayloadUnavailable` (the loop
   retries, and attests "unavailable" only near the end of the window); a version, tokenizer or
   shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
@@ -27,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from krill.errors import (
     ContentNotFoundError,
@@ -166,10 +170,17 @@ class _Run:
 
 
 class Replayer:
-    """Replays selected commits of one run for one verifier."""
+    """Replays selected commits of one run for one verifier.
 
-    def __init__(self, chain, store, spec, verifier_key: bytes, chain_id: int):
+    `calibration`: this verifier's tolerance table (`krill calibrate`; default the shipped one);
+    the resample and gradient checks apply, per tolerance, the looser of it and the run spec's.
+    """
+
+    def __init__(self, chain, store, spec, verifier_key: bytes, chain_id: int, calibration: Path | None = None):
+        from krill.calibration.table import verifier_tolerances
+
         self.chain, self.store, self.spec = chain, store, spec
+        self.verify = verifier_tolerances(spec, calibration)
         self.verifier_key = bytes(verifier_key)
         self.chain_id = chain_id
         self.contract = chain.address.lower()
@@ -257,7 +268,7 @@ class Replayer:
         def resample() -> CheckOutcome:
             from krill.protocol.work import check_resample
 
-            return check_resample(spec, task, tok, header, batch, self.policies.engine(behaviour))
+            return check_resample(spec, task, tok, header, batch, self.policies.engine(behaviour), self.verify)
 
         for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", resample)):
             if not run.stage(name, fn):
@@ -270,7 +281,7 @@ class Replayer:
             if shard is None:
                 return CheckOutcome("gradient", True, "the contribution carries no gradient shard", {})
             return check_gradient(spec, header, batch, contribution.gradients[shard].values, shard,
-                                  self.policies.model(job.version), learner_state, tok.pad_token_id)
+                                  self.policies.model(job.version), learner_state, tok.pad_token_id, self.verify)
 
         run.stage("gradient", gradient)
         return self._result(run, behaviour, shard)

@@ -13,6 +13,9 @@ Design decisions:
   deterministic), which also pins every behaviour log-prob within tolerance; and one shard's
   gradient recomputed on the committed batch (cosine and relative-norm tolerances of the run).
   Every check returns figures, so the evidence document says how far off a failure was.
+- The checks take the tolerances as an argument (default the run spec's): a verifier passes the
+  looser of the spec's and its calibration table's (`krill.calibration`), and `krill calibrate`
+  records the very figures these checks return.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from krill.payload.gradient import GradientShard
 from krill.payload.header import HeaderBody, SignedHeader
 from krill.payload.header import SamplingParams as WireSampling
 from krill.payload.rollout import RolloutBatch
-from krill.protocol.spec import RunSpec
+from krill.protocol.spec import RunSpec, VerifySpec
 from krill.protocol.state import VersionState
 from krill.rl.advantages import group_advantages
 from krill.rl.assign import assign_prompts
@@ -221,8 +224,21 @@ def check_rewards(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Rol
                          "recomputed_mean": float(recomputed.mean())})
 
 
-def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: RolloutBatch, engine) -> CheckOutcome:
-    """Re-sample from the committed seed at the behaviour version: tokens equal, log-probs within tolerance."""
+def teacher_logprob_diff(engine, claimed: Rollouts) -> float:
+    """Max |claimed behaviour log-prob - teacher-forced log-prob under the engine's policy|."""
+    if not claimed.logprobs.numel():
+        return 0.0
+    return float((claimed.logprobs - engine.logprobs(claimed)).abs().max())
+
+
+def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: RolloutBatch, engine,
+                   verify: VerifySpec | None = None) -> CheckOutcome:
+    """Re-sample from the committed seed at the behaviour version: tokens equal, log-probs within tolerance.
+
+    `verify`: the tolerances to apply (default the run spec's; a verifier passes the looser of the
+    spec's and its calibration table's, `krill.calibration.table.verifier_tolerances`).
+    """
+    verify = verify or spec.verify
     _, prompts, _ = assigned_prompts(spec, task, tokenizer, header.worker, header.behaviour_version, header.nonce)
     again = engine.generate(prompts, sampling_params(spec, task), header.sampling.seed)
     claimed = rollouts_from_payload(batch)
@@ -231,19 +247,21 @@ def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Ro
     if token_mismatch == 0:
         diff = float((claimed.logprobs - again.logprobs).abs().max()) if claimed.logprobs.numel() else 0.0
         figures["max_logprob_diff"] = diff
-        ok = diff <= spec.verify.logprob_abs_tol
+        ok = diff <= verify.logprob_abs_tol
         return CheckOutcome("resample", ok, f"tokens re-sampled exactly; max log-prob difference {diff:.2e}", figures)
     # Tokens differ: still measure how plausible the claimed tokens are under the policy.
-    teacher = engine.logprobs(claimed)
-    diff = float((claimed.logprobs - teacher).abs().max()) if claimed.logprobs.numel() else 0.0
+    diff = teacher_logprob_diff(engine, claimed)
     figures["max_logprob_diff"] = diff
-    ok = not spec.verify.exact_resample and diff <= spec.verify.logprob_abs_tol
+    ok = not verify.exact_resample and diff <= verify.logprob_abs_tol
     return CheckOutcome("resample", ok, f"{token_mismatch} of {len(again)} sequences differ from the re-sample; "
                         f"teacher-forced log-prob difference {diff:.2e}", figures)
 
 
 def check_gradient(spec: RunSpec, header: HeaderBody, batch: RolloutBatch, claimed: dict[str, np.ndarray],
-                   shard: int, learner: torch.nn.Module, learner_state: VersionState, pad_id: int) -> CheckOutcome:
+                   shard: int, learner: torch.nn.Module, learner_state: VersionState, pad_id: int,
+                   verify: VerifySpec | None = None) -> CheckOutcome:
+    """Recompute one shard's gradient on the committed batch; cosine and relative norm within `verify`."""
+    verify = verify or spec.verify
     rollouts = rollouts_from_payload(batch)
     rewards = torch.from_numpy(batch.rewards.astype(np.float32))
     values = gradient_values(spec, learner, learner_state, rollouts, rewards, [shard], pad_id)[shard]
@@ -255,6 +273,6 @@ def check_gradient(spec: RunSpec, header: HeaderBody, batch: RolloutBatch, claim
                             {"shard": shard, "cosine": 1.0, "rel_norm_diff": 0.0})
     cosine = float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
     rel = abs(na - nb) / max(nb, 1e-12)
-    ok = cosine >= spec.verify.grad_min_cosine and rel <= spec.verify.grad_norm_rel_tol
+    ok = cosine >= verify.grad_min_cosine and rel <= verify.grad_norm_rel_tol
     return CheckOutcome("gradient", ok, f"shard {shard}: cosine {cosine:.5f}, relative norm difference {rel:.4f}",
                         {"shard": shard, "cosine": cosine, "rel_norm_diff": rel, "claimed_norm": na, "recomputed_norm": nb})
