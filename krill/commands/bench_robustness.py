@@ -89,7 +89,7 @@ def markdown(r: dict) -> str:
     lines += _robustness_md(r) + _timing_md(r) + _staleness_md(r)
     lines += ["## Detection", ""]
     if r.get("detection_markdown"):
-        lines.append(r["detection_markdown"])
+        lines.append(r["detection_markdown"].rstrip())
     else:
         lines.append(r.get("detection_note", "not run"))
     lines += ["", "## Wall time (s)", "", "| part | seconds |", "|---|---:|"]
@@ -172,11 +172,12 @@ def run_detection_part(size: str, echo) -> dict:
 
 @click.command("robustness")
 @click.option("--full", "size", flag_value="full", help="The whole grid: every attack x fraction x rule (hours).")
-@click.option("--tiny", "size", flag_value="tiny", help="A smoke size on a tiny random model (under a minute).")
+@click.option("--tiny", "size", flag_value="tiny", help="A smoke size on a tiny random model (seconds, plus the detection study's own smoke size).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
               show_default=True, help="Directory for robustness.json, robustness.md and the PNG plots.")
+@click.option("--skip-detection", is_flag=True, help="Leave out the detection study (it runs whole demos); noted in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (progress goes to stderr).")
-def robustness(size: str | None, out_dir: Path, as_json: bool) -> None:
+def robustness(size: str | None, out_dir: Path, skip_detection: bool, as_json: bool) -> None:
     """Accuracy under Byzantine gradient attacks per rule, aggregation cost, staleness, and detection."""
     import time
 
@@ -190,7 +191,10 @@ def robustness(size: str | None, out_dir: Path, as_json: bool) -> None:
 
     result = run_inproc(size, echo)
     t0 = time.perf_counter()
-    result.update(run_detection_part(size, echo))
+    if skip_detection:
+        result.update(detection=None, detection_note="skipped (--skip-detection): rerun without it for this section")
+    else:
+        result.update(run_detection_part(size, echo))
     result["seconds"]["detection"] = round(time.perf_counter() - t0, 1)
     result["seconds"]["total"] = round(time.perf_counter() - started, 1)
     out_dir.mkdir(parents=True, exist_ok=True)
