@@ -150,6 +150,19 @@ class CoordinatorConfig(_RoleSection):
     max_versions: int | None = Field(None, ge=1, description="Stop after publishing this version (default: run on).")
 
 
+class ExplorerConfig(_Section):
+    """Settings of `krill explorer` (read-only web pages and JSON API over the index)."""
+
+    host: str = Field("127.0.0.1", min_length=1, max_length=255,
+                      description="Address to listen on (127.0.0.1: this machine only).")
+    port: int = Field(8750, ge=0, le=65535, description="TCP port to listen on (0: any free port).")
+    page_size: int = Field(25, ge=1, le=1000, description="Rows per page when a request names no per_page.")
+    max_page_size: int = Field(200, ge=1, le=5000, description="Largest per_page a request may ask for.")
+    audit_report: Path | None = Field(None, description="`krill audit --json` output (or a demo summary.json) "
+                                      "whose per-version results the pages show; re-read when it changes.")
+    use_store: bool = Field(True, description="Read aggregation records, evidence and headers from the store.")
+
+
 class KrillConfig(_Section):
     """The whole deployment configuration."""
 
@@ -161,6 +174,7 @@ class KrillConfig(_Section):
     worker: WorkerConfig = Field(default_factory=WorkerConfig)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig)
 
     def masked(self) -> dict[str, Any]:
         """The configuration as plain data with every secret masked."""

@@ -1,0 +1,151 @@
+"""Participants: workers and verifiers with stake, trust, contributions, verdicts, slashes and rewards.
+
+Design decisions:
+- The participant row (stake, trust posterior, verdict counts, credits) is the index's; the
+  accepted / rejected counts and the reasons come from the coordinator's contributions table, so
+  "why was this rejected" is answered with the coordinator's own reason code and message.
+- Each list under a participant (its contributions, verdicts it gave, its slashes, its rewards)
+  is paginated on its own: the page shows the first page of each and links to the full list, and
+  the JSON API has one endpoint per list.
+- A slash row carries the failing verdicts of the slashed commit with their evidence digests, so
+  one click leads from a slashed worker to the evidence that slashed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from krill.db.models import (
+    Commit,
+    Contribution,
+    ContributionStatus,
+    Participant,
+    ParticipantRole,
+    Reward,
+    Slash,
+    Verdict,
+)
+from krill.explorer.overview import ROLE_NAMES, amount
+from krill.explorer.paging import NotFound, Page, PageRequest, paginate
+
+ROLES = tuple(r.name.lower() for r in ParticipantRole if r != ParticipantRole.NONE)
+
+
+def participant_json(p: Participant) -> dict[str, Any]:
+    return {"address": p.address, "role": ROLE_NAMES.get(p.role, str(p.role)), "ed25519_key": p.ed25519_key,
+            "staked": amount(p.staked), "unbonding": amount(p.unbonding), "release_block": p.release_block,
+            "jailed": p.jailed, "jailed_commit_id": p.jailed_commit_id, "slashed_total": amount(p.slashed_total),
+            "first_block": p.first_block, "commits": p.commits, "checks_passed": p.checks_passed,
+            "checks_failed": p.checks_failed, "trust": p.trust, "trust_alpha": p.trust_alpha,
+            "trust_beta": p.trust_beta, "rewards_credited": amount(p.rewards_credited),
+            "bounties_credited": amount(p.bounties_credited), "claimed": amount(p.claimed),
+            "claimable": amount(p.claimable)}
+
+
+def _contribution_counts(session: Session, addresses: list[str]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {a: {s.value: 0 for s in ContributionStatus} for a in addresses}
+    rows = session.execute(select(Contribution.worker, Contribution.status, func.count())
+                           .where(Contribution.worker.in_(addresses))
+                           .group_by(Contribution.worker, Contribution.status))
+    for worker, status, n in rows:
+        counts[worker][status.value] = int(n)
+    return counts
+
+
+def list_participants(session: Session, request: PageRequest, role: str | None = None) -> Page:
+    """Staked accounts (and accounts only credited), workers first, in order of first appearance."""
+    stmt = select(Participant).order_by(Participant.role, Participant.first_block, Participant.address)
+    if role is not None:
+        stmt = stmt.where(Participant.role == int(ParticipantRole[role.upper()]))
+    page = paginate(session, stmt, request, participant_json)
+    counts = _contribution_counts(session, [p["address"] for p in page.items])
+    for p in page.items:
+        p["contributions"] = counts[p["address"]]
+    return page
+
+
+def participant_detail(session: Session, address: str, request: PageRequest) -> dict[str, Any]:
+    p = session.get(Participant, address)
+    if p is None:
+        raise NotFound(f"no participant {address} in the index")
+    out = participant_json(p)
+    out["contributions"] = _contribution_counts(session, [address])[address]
+    reasons = session.execute(select(Contribution.reason_code, func.count()).where(
+        Contribution.worker == address, Contribution.status == ContributionStatus.REJECTED)
+        .group_by(Contribution.reason_code).order_by(func.count().desc()))
+    out["rejections"] = [{"reason_code": code.value if code else None, "count": int(n)} for code, n in reasons]
+    first = type(request)(1, request.per_page)
+    out["lists"] = {"contributions": contributions_of(session, address, first).to_json(),
+                    "verdicts": verdicts_by(session, address, first).to_json(),
+                    "slashes": slashes_of(session, address, first).to_json(),
+                    "rewards": rewards_of(session, address, first).to_json()}
+    return out
+
+
+def commit_row(commit: Commit, treatment: Contribution | None) -> dict[str, Any]:
+    """A commit as listed: chain facts plus the coordinator's treatment of it."""
+    return {"commit_id": commit.commit_id, "run_id": commit.run_id, "worker": commit.worker,
+            "version": commit.version, "nonce": amount(commit.nonce), "header_digest": commit.header_digest,
+            "header_cid": commit.header_cid, "block_number": commit.block_number, "tx_hash": commit.tx_hash,
+            "pass_count": commit.pass_count, "fail_count": commit.fail_count, "slashed": commit.slashed,
+            "status": treatment.status.value if treatment else "unseen",
+            "reason_code": treatment.reason_code.value if treatment and treatment.reason_code else None,
+            "reason": treatment.reason if treatment else None,
+            "weight": treatment.weight if treatment else None, "trust": treatment.trust if treatment else None,
+            "staleness": treatment.staleness if treatment else None,
+            "aggregated_version": treatment.aggregated_version if treatment else None}
+
+
+def commits_stmt():
+    return select(Commit, Contribution).join(Contribution, Contribution.commit_id == Commit.commit_id, isouter=True)
+
+
+def contributions_of(session: Session, address: str, request: PageRequest) -> Page:
+    stmt = commits_stmt().where(Commit.worker == address).order_by(Commit.commit_id.desc())
+    return paginate(session, stmt, request, lambda row: commit_row(*row), scalars=False)
+
+
+def verdict_json(v: Verdict) -> dict[str, Any]:
+    return {"commit_id": v.commit_id, "verifier": v.verifier, "ok": v.ok, "evidence_digest": v.evidence_digest,
+            "pass_count": v.pass_count, "fail_count": v.fail_count, "block_number": v.block_number,
+            "tx_hash": v.tx_hash}
+
+
+def verdicts_by(session: Session, address: str, request: PageRequest) -> Page:
+    stmt = select(Verdict).where(Verdict.verifier == address).order_by(Verdict.block_number.desc(),
+                                                                       Verdict.commit_id.desc())
+    return paginate(session, stmt, request, verdict_json)
+
+
+def slash_json(s: Slash) -> dict[str, Any]:
+    return {"commit_id": s.commit_id, "worker": s.worker, "amount": amount(s.amount), "bounty": amount(s.bounty),
+            "burned": amount(s.burned), "block_number": s.block_number, "tx_hash": s.tx_hash}
+
+
+def slashes_of(session: Session, address: str, request: PageRequest) -> Page:
+    """Slashes of a worker, each with the failing verdicts (and their evidence) on the slashed commit."""
+    stmt = select(Slash).where(Slash.worker == address).order_by(Slash.block_number.desc(), Slash.commit_id.desc())
+    page = paginate(session, stmt, request, slash_json)
+    ids = [s["commit_id"] for s in page.items]
+    failing: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+    for v in session.scalars(select(Verdict).where(Verdict.commit_id.in_(ids), Verdict.ok.is_(False))
+                             .order_by(Verdict.block_number, Verdict.verifier)):
+        failing[v.commit_id].append({"verifier": v.verifier, "evidence_digest": v.evidence_digest,
+                                     "tx_hash": v.tx_hash})
+    for s in page.items:
+        s["evidence"] = failing[s["commit_id"]]
+    return page
+
+
+def reward_json(r: Reward) -> dict[str, Any]:
+    return {"kind": r.kind.value, "account": r.account, "amount": amount(r.amount), "run_id": r.run_id,
+            "version": r.version, "commit_id": r.commit_id, "block_number": r.block_number, "tx_hash": r.tx_hash}
+
+
+def rewards_of(session: Session, address: str, request: PageRequest) -> Page:
+    stmt = select(Reward).where(Reward.account == address).order_by(Reward.block_number.desc(),
+                                                                    Reward.log_index.desc())
+    return paginate(session, stmt, request, reward_json)
