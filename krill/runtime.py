@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from krill.config import KrillConfig, krill_home
-from krill.errors import ChainUnavailableError, ConfigError, KeystoreError
+from krill.errors import ChainUnavailableError, ConfigError, KeystoreError, WrongPasswordError
 
 
 def unlock_identity(config: KrillConfig, prompt: Callable[[], str] | None = None):
@@ -25,12 +25,17 @@ def unlock_identity(config: KrillConfig, prompt: Callable[[], str] | None = None
 
     path = resolve_keystore(config.keystore.path)
     if config.keystore.password is not None:
-        password = config.keystore.password.get_secret_value()
+        password, source = config.keystore.password.get_secret_value(), "KRILL_KEYSTORE__PASSWORD / keystore.password"
     elif prompt is not None:
-        password = prompt()
+        password, source = prompt(), "the password typed"
     else:
         raise KeystoreError(f"no password for keystore {path}: set KRILL_KEYSTORE__PASSWORD or keystore.password")
-    return unlock(path, password)
+    try:
+        return unlock(path, password)
+    except WrongPasswordError:
+        raise WrongPasswordError(f"wrong password for keystore {path} (from {source}): use the password the keystore "
+                                 "was made with, or point keystore.path at another keystore; "
+                                 "`krill keys show --unlock` tries a password") from None
 
 
 def connect_chain(config: KrillConfig, account=None):

@@ -1,18 +1,21 @@
-"""`krill worker ...`: the worker's commands (`stake`, `run`, `status`).
+"""`krill worker ...`: the worker's commands (`init`, `stake`, `run`, `status`, `unstake`, `withdraw`, `claim`).
 
 Design decisions:
-- The commands only read options and print; the work lives in `runner`, `stake` and
-  `nonce_state`, which tests call directly. torch, transformers and web3 are imported inside the
-  functions (through those modules), so `krill --help` stays instant.
+- The commands only read options and print; the work lives in `runner`, `status` and
+  `nonce_state`, and in the core's role-neutral `krill.staking`, `krill.role_init` and
+  `krill.account_status` (whose click commands `krill.commands.role_cmds` builds for both roles).
+  torch, transformers and web3 are imported inside the functions, so `krill --help` stays instant.
 - Under `krill` the root command supplies --config/--set; `python -m krill.worker` wraps the same
   commands in a small group with those options (`main`), so the role also runs on its own.
-- Status lines go to stdout as they happen, one per contribution.
+- Status lines go to stdout as they happen, one per contribution; on a terminal a progress bar
+  sits under them (`krill.progress`), elsewhere the output is exactly the lines.
 """
 
 from __future__ import annotations
 
 import click
 
+from krill.commands.role_cmds import add_common_commands
 from krill.errors import KrillError
 from krill.worker.behaviors import BEHAVIORS
 
@@ -21,20 +24,10 @@ BEHAVIOR_NAMES = sorted(BEHAVIORS)
 
 @click.group("worker")
 def worker() -> None:
-    """Contribute rollouts and gradients to a run (stake first, then run)."""
+    """Contribute rollouts and gradients to a run (init, stake, then run)."""
 
 
-@worker.command("stake")
-@click.option("--amount", default=None, metavar="TOKENS",
-              help="Tokens to stake, e.g. 500 or 12.5 (default: worker.stake from the config).")
-def stake(amount: str | None) -> None:
-    """Approve and stake tokens as a worker, bound to this keystore's Ed25519 key."""
-    from krill.commands.context import current_config
-    from krill.worker.stake import parse_tokens, stake_worker, tokens
-
-    result = stake_worker(current_config(), parse_tokens(amount) if amount is not None else None)
-    click.echo(f"staked {tokens(result.amount)} KRILL as worker {result.address} (total {tokens(result.staked)}; "
-               f"ed25519 {result.ed25519_public_key[:16]}…; tx {result.transaction_hash})")
+add_common_commands(worker, "worker")
 
 
 @worker.command("run")
@@ -47,41 +40,45 @@ def run(behavior: str | None, max_contributions: int | None) -> None:
     import signal
 
     from krill.commands.context import current_config
+    from krill.commands.role_cmds import password_prompt
+    from krill.progress import LineProgress
     from krill.worker.runner import run_worker
 
     def _terminate(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    try:
-        outcomes = run_worker(current_config(), behavior, max_contributions, echo=lambda line: click.echo(line))
-    except KeyboardInterrupt:
-        click.echo("worker stopped (state saved; `krill worker run` resumes)")
-        return
+    config = current_config()
+    limit = max_contributions if max_contributions is not None else config.worker.max_contributions
+    committed = 0
+
+    with LineProgress("committed", total=limit) as bar:
+        def on_outcome(outcome) -> None:
+            nonlocal committed
+            committed += outcome.status == "committed"
+            bar.update(committed)
+
+        try:
+            outcomes = run_worker(config, behavior, max_contributions, echo=bar.line, on_outcome=on_outcome,
+                                  prompt=password_prompt())
+        except KeyboardInterrupt:
+            bar.line("worker stopped (state saved; `krill worker run` resumes)")
+            return
     done = sum(o.status == "committed" for o in outcomes)
     click.echo(f"worker done: {done} committed, {len(outcomes) - done} dropped")
 
 
 @worker.command("status")
-def status() -> None:
-    """This worker's stake and local state (next nonce, pending commit, outcomes)."""
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (amounts as decimal token strings).")
+def status(as_json: bool) -> None:
+    """Stake, unbonding, jailed, trust, contributions (committed/dropped; accepted/rejected with reasons),
+    earned and claimable."""
     from krill.commands.context import current_config
-    from krill.keystore import read_info, resolve_keystore
-    from krill.runtime import connect_chain, role_state_dir, run_id_of
-    from krill.worker.nonce_state import WorkerState
-    from krill.worker.stake import tokens
+    from krill.commands.role_cmds import emit_status
+    from krill.worker.status import worker_status
 
-    config = current_config()
-    info = read_info(resolve_keystore(config.keystore.path))
-    chain = connect_chain(config)
-    stake_info = chain.stake_of(info.address)
-    state = WorkerState.open(role_state_dir(config, "worker", info.address), run_id_of(config), info.address)
-    history = state.history()
-    click.echo(f"worker {info.address}: staked {tokens(stake_info.staked)} KRILL, jailed={stake_info.jailed}")
-    click.echo(f"next nonce {state.next_nonce}; pending: "
-               + (f"nonce {state.pending.nonce} at v{state.pending.model_version}" if state.pending else "none"))
-    click.echo(f"{sum(h['status'] == 'committed' for h in history)} committed, "
-               f"{sum(h['status'] != 'committed' for h in history)} dropped ({state.log_path})")
+    account, rows, extra, details = worker_status(current_config())
+    emit_status(account, rows, extra, as_json, details)
 
 
 class _StandaloneGroup(click.Group):
@@ -93,7 +90,7 @@ class _StandaloneGroup(click.Group):
             ctx.exit(1)
 
 
-@click.group(cls=_StandaloneGroup, commands={"stake": stake, "run": run, "status": status},
+@click.group(cls=_StandaloneGroup, commands=worker.commands,
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="KRILL_CONFIG",
               help="Deployment TOML file (default: $KRILL_CONFIG, else the running devnet's).")

@@ -5,7 +5,7 @@ Each says what the person running the worker should do next (stake, wait, pick a
 
 from __future__ import annotations
 
-from krill.errors import ChainError, KrillError
+from krill.errors import KrillError
 
 
 class WorkerError(KrillError):
@@ -22,10 +22,6 @@ class JailedError(WorkerError):
 
 class KeyMismatchError(WorkerError):
     """The account is staked with another Ed25519 key than the keystore's."""
-
-
-class StakeError(WorkerError, ChainError):
-    """`krill worker stake` cannot stake (balance, role, key or minimum)."""
 
 
 class WorkerStateError(WorkerError):

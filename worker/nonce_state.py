@@ -105,6 +105,14 @@ class WorkerState:
                                    f"not {run_id.hex()[:16]}… / {worker}")
         return cls(directory, doc, existed=True)
 
+    @classmethod
+    def peek(cls, state_dir: Path, run_id: bytes, worker: str) -> WorkerState | None:
+        """The state if one was ever saved, else None; creates nothing, so a later `open` still sees a fresh
+        state and recovers the nonce from the chain (status must not hide a lost state directory)."""
+        if not (Path(state_dir) / "runs" / run_id.hex() / "state.json").exists():
+            return None
+        return cls.open(state_dir, run_id, worker)
+
     # ------------------------------------------------------------------ nonces
     @property
     def next_nonce(self) -> int:

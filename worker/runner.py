@@ -44,9 +44,12 @@ def check_eligible(chain, address: str, ed25519_key: bytes) -> None:
         raise KeyMismatchError(f"account {address} is staked with Ed25519 key {info.ed25519_public_key.hex()[:16]}…, "
                                f"the keystore holds {ed25519_key.hex()[:16]}…: use the keystore you staked with")
     if not chain.is_eligible(address, Role.WORKER):
+        from krill.staking import tokens
+
         minimum = chain.minimum_stake(Role.WORKER)
-        raise NotStakedError(f"worker {address} has {info.staked} staked, below the minimum of {minimum}: top up "
-                             "with `krill worker stake --amount ...`")
+        raise NotStakedError(f"worker {address} has {tokens(info.staked)} KRILL staked, below the worker minimum of "
+                             f"{tokens(minimum)} KRILL: top up with `krill worker stake --amount "
+                             f"{tokens(minimum - info.staked)}`")
 
 
 def recover_next_nonce(chain, run_id: bytes, worker: str, from_block: int) -> int:
@@ -85,7 +88,8 @@ def resolve_shards(wanted: list[int] | None, num_shards: int) -> list[int]:
     return sorted(set(wanted))
 
 
-def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], None]) -> WorkerSession:
+def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], None],
+                 prompt: Callable[[], str] | None = None) -> WorkerSession:
     from krill.protocol.state import load_run
     from krill.protocol.work import Identity
     from krill.runtime import (
@@ -100,7 +104,7 @@ def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], 
 
     behavior = get_behavior(behavior_name)
     run_id = run_id_of(config)
-    identity = unlock_identity(config)
+    identity = unlock_identity(config, prompt)
     backoff = Backoff(config.worker.poll_interval_s, config.worker.max_backoff_s, echo)
     store = open_configured_store(config)
     chain = backoff.call(lambda: connect_chain(config, identity.account), "chain (connect)")
@@ -119,14 +123,18 @@ def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], 
 
 
 def run_worker(config: KrillConfig, behavior: str | None = None, max_contributions: int | None = None,
-               echo: Callable[[str], None] = print) -> list[Outcome]:
-    """Contribute until `max_contributions` commits landed (None: forever); returns the outcomes."""
+               echo: Callable[[str], None] = print, on_outcome: Callable[[Outcome], None] | None = None,
+               prompt: Callable[[], str] | None = None) -> list[Outcome]:
+    """Contribute until `max_contributions` commits landed (None: forever); returns the outcomes.
+
+    `on_outcome` sees each outcome after its status line (the CLI's progress bar); `prompt` asks for the
+    keystore password when the configuration has none."""
     from krill.runtime import set_threads
 
     set_threads(config.worker.threads)
     behavior = behavior or config.worker.behavior
     limit = max_contributions if max_contributions is not None else config.worker.max_contributions
-    session = open_session(config, behavior, echo)
+    session = open_session(config, behavior, echo, prompt)
     s = session
     echo(f"worker {s.identity.address} | run {s.spec.run_id.hex()[:16]}… ({s.spec.name}) | behaviour {behavior} | "
          f"shards {s.contributor.shards} | next nonce {s.state.next_nonce}"
@@ -136,6 +144,8 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     resumed = s.contributor.resume()
     if resumed is not None:
         echo(resumed.line())
+        if on_outcome is not None:
+            on_outcome(resumed)
         outcomes.append(resumed)
         committed += resumed.status == COMMITTED
     per_version: dict[int, int] = {}
@@ -152,6 +162,8 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
         if outcome.status == COMMITTED and outcome.model_version is not None:
             per_version[outcome.model_version] = per_version.get(outcome.model_version, 0) + 1
         echo(outcome.line())
+        if on_outcome is not None:
+            on_outcome(outcome)
         outcomes.append(outcome)
         committed += outcome.status == COMMITTED
     return outcomes

@@ -1,0 +1,262 @@
+"""What a participant's `status` shows: stake, unbonding, jailing, trust, earnings, from chain and index.
+
+Design decisions:
+- The chain is the authority for money: stake, unbonding, release block, jailed, claimable are
+  read from contract views at the head, never from a cache.
+- Trust and the coordinator's verdicts on contributions live only in the index database
+  (`krill.db`). The index is used when one is there for this deployment (an existing SQLite file
+  or a reachable PostgreSQL whose `index_meta` names this contract); it is opened read-only
+  (no table creation), and when it is missing, unreadable or of another contract the figures say
+  "unknown (...)" with the reason instead of failing: status must work for a worker on a laptop
+  that keeps no index.
+- Earnings without an index are summed from the account's `RewardCredited`/`BountyCredited`
+  events since the deploy block: slower on a long chain, but exact.
+- Amounts are exact decimal strings of tokens in the JSON form (no float rounding, no integers
+  beyond what JavaScript reads exactly).
+- Each status also carries `hints`: the next command for every state that needs one (not staked,
+  below the minimum, jailed, unbonding released, something to claim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from krill.config import KrillConfig
+from krill.errors import ConfigError, KrillError
+from krill.staking import jailed_advice, role_code, role_name, tokens
+
+NO_INDEX = "unknown (no index)"
+
+
+@dataclass
+class Index:
+    """An open index database for this deployment, or why there is none."""
+
+    db: object | None
+    note: str
+    next_block: int | None = None
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+
+
+def open_index(config: KrillConfig) -> Index:
+    """The configured index if it exists and belongs to the configured contract (never creates one)."""
+    from sqlalchemy import select
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from krill.db.models import IndexMeta
+    from krill.db.session import open_database
+
+    url = make_url(config.database.url)
+    if url.get_backend_name() == "sqlite" and (not url.database or not Path(url.database).expanduser().exists()):
+        return Index(None, NO_INDEX)
+    db = None
+    try:
+        db = open_database(config.database.url, create=False)
+        if "index_meta" not in db.table_names():
+            db.close()
+            return Index(None, NO_INDEX)
+        with db.session() as session:
+            meta = session.scalars(select(IndexMeta)).first()
+        if meta is None or meta.protocol.lower() != (config.chain.protocol_address or "").lower():
+            db.close()
+            return Index(None, "unknown (the index holds another deployment: `krill index rebuild`)")
+        return Index(db, "index", meta.next_block)
+    except (SQLAlchemyError, KrillError) as exc:
+        # Deliberately tolerated: status still reports everything the chain knows.
+        if db is not None:
+            db.close()
+        return Index(None, f"unknown (index unreadable: {str(exc).splitlines()[0][:120]})")
+
+
+@dataclass
+class AccountStatus:
+    """One participant's standing; amounts in base units (see `to_json`)."""
+
+    role: str
+    address: str
+    staked_as: str
+    staked: int
+    unbonding: int
+    release_block: int
+    head_block: int
+    jailed: bool
+    minimum: int
+    eligible: bool
+    claimable: int
+    earned: int | None
+    claimed: int | None
+    trust: float | None
+    trust_note: str
+    index: str
+    index_block: int | None
+    run: dict | None
+    hints: list[str] = field(default_factory=list)
+
+    @property
+    def blocks_to_release(self) -> int:
+        return max(0, self.release_block - self.head_block - 1) if self.unbonding else 0
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for key in ("staked", "unbonding", "minimum", "claimable", "earned", "claimed"):
+            if data[key] is not None:
+                data[key] = tokens(data[key])
+        data["blocks_to_release"] = self.blocks_to_release
+        data["amounts"] = "KRILL (decimal strings)"
+        return data
+
+
+def _earned_from_chain(chain, address: str, from_block: int) -> tuple[int, int]:
+    from krill.chain.events import BountyCredited, Claimed, RewardCredited
+
+    earned = claimed = 0
+    who = address.lower()
+    for ev in chain.events(from_block, kinds=(RewardCredited, BountyCredited, Claimed)):
+        account = getattr(ev, "account", None) or getattr(ev, "verifier", "")
+        if account.lower() != who:
+            continue
+        if isinstance(ev, Claimed):
+            claimed += ev.amount
+        else:
+            earned += ev.amount
+    return earned, claimed
+
+
+def check_run(chain, run_id: bytes) -> dict:
+    """The configured run as the chain sees it; `ConfigError` naming run.id when it does not exist."""
+    info = chain.run_of(run_id)
+    if not info.exists:
+        raise ConfigError(f"run {run_id.hex()} does not exist on the chain at {chain.address}: check run.id in "
+                          "the config (`krill coordinator create-run` prints it) and that the config points at the "
+                          "right chain and contract")
+    return {"id": run_id.hex(), "latest_version": info.latest_version, "reward_pool": tokens(info.reward_pool)}
+
+
+def account_status(config: KrillConfig, role: str, chain, address: str, index: Index,
+                   run_id: bytes | None) -> AccountStatus:
+    """Chain figures for `address`, with trust and earnings from `index` when it is there."""
+    from sqlalchemy import select
+
+    from krill.db.models import Participant
+
+    info = chain.stake_of(address)
+    head = chain.block_number()
+    minimum = chain.minimum_stake(role_code(role))
+    run = check_run(chain, run_id) if run_id is not None else None
+    trust = earned = claimed = None
+    trust_note = index.note
+    if index.db is not None:
+        with index.db.session() as session:
+            row = session.scalars(select(Participant).where(Participant.address == address.lower())).first()
+        if row is None:
+            trust_note = "unknown (not in the index yet: `krill index sync`)"
+        else:
+            trust, trust_note = row.trust, "index"
+            earned, claimed = row.rewards_credited + row.bounties_credited, row.claimed
+    if earned is None:
+        earned, claimed = _earned_from_chain(chain, address, config.chain.deploy_block)
+    status = AccountStatus(
+        role=role, address=address, staked_as=role_name(info.role), staked=info.staked, unbonding=info.unbonding,
+        release_block=info.release_block, head_block=head, jailed=info.jailed, minimum=minimum,
+        eligible=chain.is_eligible(address, role_code(role)), claimable=chain.claimable_of(address), earned=earned,
+        claimed=claimed, trust=trust, trust_note=trust_note, index=index.note if index.db is None else "index",
+        index_block=index.next_block, run=run)
+    status.hints = hints(status)
+    return status
+
+
+def hints(s: AccountStatus) -> list[str]:
+    """The next command for each state of the account that needs one."""
+    out = []
+    if s.jailed:
+        out.append(jailed_advice(s.address))
+    elif s.staked_as == "nothing":
+        out.append(f"not staked: run `krill {s.role} stake` (minimum {tokens(s.minimum)} KRILL)")
+    elif s.staked_as != s.role:
+        out.append(f"this account is staked as a {s.staked_as}: use `krill {s.staked_as} status`")
+    elif not s.eligible:
+        out.append(f"stake {tokens(s.staked)} KRILL is below the {s.role} minimum of {tokens(s.minimum)} KRILL: "
+                   f"`krill {s.role} stake --amount {tokens(max(s.minimum - s.staked, 1))}`")
+    if s.unbonding:
+        if s.blocks_to_release == 0:
+            out.append(f"{tokens(s.unbonding)} KRILL is released: `krill {s.role} withdraw`")
+        else:
+            out.append(f"{tokens(s.unbonding)} KRILL unbonding: withdrawable in {s.blocks_to_release} blocks "
+                       f"(block {s.release_block})")
+    if s.claimable:
+        out.append(f"{tokens(s.claimable)} KRILL to claim: `krill {s.role} claim`")
+    return out
+
+
+def render(s: AccountStatus) -> list[tuple[str, str]]:
+    """The common rows of the readable status table (the role adds its own after these)."""
+    if s.staked_as in ("nothing", s.role):
+        stake = f"{tokens(s.staked)} KRILL (minimum {tokens(s.minimum)}{'' if s.eligible else ', NOT eligible'})"
+    else:
+        stake = f"{tokens(s.staked)} KRILL as {s.staked_as}"
+    if s.unbonding:
+        left = "released" if s.blocks_to_release == 0 else f"{s.blocks_to_release} blocks left"
+        unbonding = f"{tokens(s.unbonding)} KRILL, release block {s.release_block} ({left}; head {s.head_block})"
+    else:
+        unbonding = "none"
+    rows = [
+        ("account", s.address),
+        ("stake", stake),
+        ("unbonding", unbonding),
+        ("jailed", "YES" if s.jailed else "no"),
+        ("trust", f"{s.trust:.3f}" if s.trust is not None else s.trust_note),
+        ("earned", f"{tokens(s.earned)} KRILL" + (f" ({tokens(s.claimed)} claimed)" if s.claimed else "")
+         if s.earned is not None else "unknown"),
+        ("claimable", f"{tokens(s.claimable)} KRILL"),
+    ]
+    if s.run is not None:
+        rows.append(("run", f"{s.run['id'][:16]}… latest version {s.run['latest_version']}"))
+    return rows
+
+
+def contributions_from_index(index: Index, run_id: bytes, worker: str, recent: int = 5) -> dict | None:
+    """The coordinator's decisions on this worker's commits (from the shared database), or None if unknown."""
+    from sqlalchemy import func, select
+
+    from krill.db.models import Contribution, ContributionStatus
+
+    if index.db is None or "contributions" not in index.db.table_names():
+        return None
+    run_hex, who = run_id.hex(), worker.lower()
+    where = (Contribution.run_id == run_hex, Contribution.worker == who)
+    with index.db.session() as session:
+        by_status = {ContributionStatus(k).value: v for k, v in session.execute(
+            select(Contribution.status, func.count()).where(*where).group_by(Contribution.status)).all()}
+        reasons = {str(getattr(k, "value", k)): v for k, v in session.execute(
+            select(Contribution.reason_code, func.count()).where(*where, Contribution.reason_code.is_not(None))
+            .group_by(Contribution.reason_code)).all()}
+        latest = session.scalars(select(Contribution)
+                                 .where(*where, Contribution.status == ContributionStatus.REJECTED)
+                                 .order_by(Contribution.commit_id.desc()).limit(recent)).all()
+    return {
+        "accepted": by_status.get("accepted", 0), "rejected": by_status.get("rejected", 0),
+        "pending": by_status.get("pending", 0),
+        "rejected_by_reason": dict(sorted(reasons.items())),
+        "recent_rejections": [{"commit_id": c.commit_id, "version": c.version,
+                               "reason_code": getattr(c.reason_code, "value", c.reason_code),
+                               "reason": c.reason} for c in latest],
+    }
+
+
+def verdicts_from_index(index: Index, verifier: str) -> dict | None:
+    """This verifier's attestations as the index saw them on-chain, or None without an index."""
+    from sqlalchemy import func, select
+
+    from krill.db.models import Verdict
+
+    if index.db is None:
+        return None
+    with index.db.session() as session:
+        counts = dict(session.execute(select(Verdict.ok, func.count()).where(Verdict.verifier == verifier.lower())
+                                      .group_by(Verdict.ok)).all())
+    return {"passed": counts.get(True, 0), "failed": counts.get(False, 0)}
