@@ -6,7 +6,8 @@ Design decisions:
   (`stroke=`, `fill=`), which a CSP does not block, unlike `style=` attributes.
 - Every text that goes into the markup is escaped (`markupsafe.escape`), numbers are formatted by
   us, and the result is `Markup` so the template engine does not escape it twice.
-- Missing points (a version without an eval) break the line instead of being drawn as zero.
+- Missing points (a version without an eval, a NaN reward) are left out, never drawn as zero:
+  the line joins the versions that have a figure, each marked with a dot while there are few.
 - Each chart has a `<title>` and an `aria-label`, and the page shows the same figures as a table
   or in the JSON API, so nothing is only in a picture.
 """
@@ -90,7 +91,7 @@ def _empty(title: str) -> Markup:
 
 def line_chart(title: str, series: dict[str, Sequence[tuple[float, float | None]]], x_label: str = "version",
                y_range: tuple[float, float] | None = None) -> Markup:
-    """Lines over x (points with y None break the line)."""
+    """Lines over x through the points that have a finite y."""
     points = [(x, y) for pts in series.values() for x, y in pts if y is not None and math.isfinite(y)]
     if not points:
         return _empty(title)
@@ -104,21 +105,13 @@ def line_chart(title: str, series: dict[str, Sequence[tuple[float, float | None]
     for i, (name, pts) in enumerate(series.items()):
         colour = PALETTE[i % len(PALETTE)]
         legend.append((name, colour))
-        segments: list[list[str]] = [[]]
-        for x, y in pts:
-            if y is None or not math.isfinite(y):
-                segments.append([])
-                continue
-            px = LEFT + (x - x0) / (x1 - x0) * plot_w
-            py = TOP + plot_h - (y - ys[0]) / (ys[-1] - ys[0]) * plot_h
-            segments[-1].append(f"{px:.1f},{py:.1f}")
-        for seg in segments:
-            if len(seg) > 1:
-                body.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="2" '
-                            f'points="{" ".join(seg)}"/>')
-            if len(seg) <= 60:
-                body.extend(f'<circle cx="{p.split(",")[0]}" cy="{p.split(",")[1]}" r="2.5" fill="{colour}"/>'
-                            for p in seg)
+        drawn = [(LEFT + (x - x0) / (x1 - x0) * plot_w, TOP + plot_h - (y - ys[0]) / (ys[-1] - ys[0]) * plot_h)
+                 for x, y in pts if y is not None and math.isfinite(y)]
+        if len(drawn) > 1:
+            body.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="2" '
+                        f'points="{" ".join(f"{px:.1f},{py:.1f}" for px, py in drawn)}"/>')
+        if len(drawn) <= 60:
+            body.extend(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="2.5" fill="{colour}"/>' for px, py in drawn)
     return _frame(title, x_label, (x0, x1), ys, body, legend if len(series) > 1 else [])
 
 

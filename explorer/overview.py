@@ -93,7 +93,7 @@ def series(session: Session, run_id: str) -> list[dict[str, Any]]:
     evals = eval_accuracy(session, run_id)
     by_version: dict[int, dict[str, Any]] = {}
     for m in metrics:
-        rate = m.sampled_tokens / m.wall_seconds if m.sampled_tokens and m.wall_seconds else None
+        rate = m.sampled_tokens / m.wall_seconds if m.sampled_tokens is not None and m.wall_seconds else None
         by_version[m.version] = {"version": m.version, "accepted": m.accepted, "rejected": m.rejected,
                                  "mean_reward": m.mean_reward, "mean_staleness": m.mean_staleness,
                                  "sampled_tokens": m.sampled_tokens, "wall_seconds": m.wall_seconds,

@@ -1,0 +1,237 @@
+"""The explorer app against a hand-filled index: pages, JSON API, pagination, headers, injection, read-only."""
+
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
+
+from krill.db.errors import DatabaseError
+from krill.db.models import Commit, Participant
+from krill.explorer.audit_status import AuditStatus
+from krill.explorer.database import open_read_only
+from krill.explorer.web import ExplorerApp
+
+
+class Client:
+    def __init__(self, app):
+        self.app = app
+
+    def get(self, path: str, method: str = "GET"):
+        path, _, query = path.partition("?")
+        environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query}
+        seen = {}
+
+        def start_response(status, headers):
+            seen["status"], seen["headers"] = int(status.split()[0]), dict(headers)
+
+        body = b"".join(self.app(environ, start_response))
+        return seen["status"], seen["headers"], body.decode()
+
+    def json(self, path: str):
+        status, headers, body = self.get(path)
+        assert headers["Content-Type"] == "application/json", (status, body[:300])
+        return status, json.loads(body)
+
+
+@pytest.fixture
+def world(explorer_world):
+    db = open_read_only(explorer_world.url)
+    explorer_world.app = ExplorerApp(db, explorer_world.store, AuditStatus(explorer_world.audit), page_size=10,
+                                     max_page_size=20)
+    explorer_world.client = Client(explorer_world.app)
+    explorer_world.db = db
+    yield explorer_world
+    db.close()
+
+
+def test_overview_page_has_charts_and_totals(world):
+    status, headers, body = world.client.get("/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert body.count("<svg") == 4 and "<polyline" in body and 'class="bar"' in body
+    assert world.run in body and "Eval accuracy" in body and "Mean reward" in body
+    status, data = world.client.json("/api/")
+    assert status == 200
+    totals = data["totals"]
+    assert totals["contributions"] == {"accepted": 1, "rejected": 1, "pending": 0}
+    assert totals["slashes"] == 1 and totals["slashed_amount"] == str(250 * 10**18)
+    assert totals["stake"]["worker"] == {"participants": 2, "staked": str(750 * 10**18), "unbonding": "0", "jailed": 1}
+    assert totals["stake"]["verifier"]["staked"] == str(500 * 10**18)
+    assert totals["rewards"] == {"reward": str(10 * 10**18), "bounty": str(50 * 10**18), "claim": str(5 * 10**18)}
+    assert totals["tokens_per_s"] == pytest.approx(120 / 3.0)
+    accuracy = {p["version"]: p["accuracy"] for p in data["series"]}
+    assert accuracy == {0: 0.1, 1: None, 2: 0.3}
+    assert [p["mean_reward"] for p in data["series"] if p["version"] == 2] == [None]  # NaN is null in JSON
+
+
+def test_every_response_carries_security_headers(world):
+    for path in ("/", "/api/", "/versions/1", "/nope", "/versions?page=x", "/static/style.css", "/api"):
+        status, headers, _ = world.client.get(path)
+        csp = headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, path
+        assert "script-src" not in csp and "unsafe-inline" not in csp, path
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        assert headers["X-Frame-Options"] == "DENY"
+        assert headers["Referrer-Policy"] == "no-referrer"
+    status, headers, body = world.client.get("/", method="POST")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+    status, _, body = world.client.get("/", method="HEAD")
+    assert status == 200 and body == ""
+
+
+def test_pages_have_no_script_and_escape_everything(world):
+    for path in ("/", "/versions", "/versions/1", "/participants", f"/participants/{world.forger}", "/contributions",
+                 "/contributions/2", f"/evidence/{world.evidence_digest}", "/api"):
+        status, _, body = world.client.get(path)
+        assert status == 200, (path, body[:500])
+        assert "<script" not in body.lower() and " style=" not in body, path
+
+
+def test_lists_are_paginated_with_caps(world):
+    status, page1 = world.client.json("/api/contributions")
+    assert status == 200 and page1["per_page"] == 10 and page1["total"] == world.commits
+    assert page1["pages"] == 4 and len(page1["items"]) == 10
+    _, page4 = world.client.json("/api/contributions?page=4")
+    assert [c["commit_id"] for c in page4["items"]] == [2, 1]
+    _, capped = world.client.json("/api/contributions?per_page=100000")
+    assert capped["per_page"] == 20 and len(capped["items"]) == 20
+    _, past = world.client.json("/api/contributions?page=99")
+    assert past["items"] == [] and past["total"] == world.commits
+    for bad in ("page=0", "page=-1", "per_page=abc", "page=1e3", "status=bogus"):
+        status, err = world.client.json(f"/api/contributions?{bad}")
+        assert status == 400 and err["status"] == 400, bad
+    _, sub = world.client.json(f"/api/participants/{world.honest}/contributions?per_page=5&page=2")
+    assert sub["total"] == 31 and len(sub["items"]) == 5 and sub["pages"] == 7
+    _, rejected = world.client.json("/api/contributions?status=rejected")
+    assert [c["commit_id"] for c in rejected["items"]] == [2] and rejected["items"][0]["reason_code"] == "wrong_rewards"
+    _, unseen = world.client.json("/api/contributions?status=unseen&per_page=20")
+    assert unseen["total"] == 30
+
+
+def test_injection_attempts_are_harmless(world):
+    def counts():
+        with world.db.session() as s:
+            return s.scalar(select(func.count()).select_from(Commit)), s.scalar(
+                select(func.count()).select_from(Participant))
+
+    before = counts()
+    attacks = ["' OR 1=1 --", "1; DROP TABLE commits; --", "0x11' UNION SELECT * FROM participants --",
+               "<script>alert(1)</script>", "\"><img src=x onerror=alert(1)>"]
+    for attack in attacks:
+        q = quote(attack)
+        for path in (f"/api/contributions?worker={q}", f"/api/contributions?status={q}",
+                     f"/api/versions?run={q}", f"/api/contributions?version={q}", f"/api/participants?role={q}"):
+            status, err = world.client.json(path)
+            assert status == 400 and "error" in err, path
+        status, _, body = world.client.get(f"/contributions?worker={q}")
+        assert status == 400 and "<script>alert" not in body and "<img src=x" not in body
+        status, _, body = world.client.get(f"/participants/{world.honest}?run={q}")
+        assert status == 200 and "<script>alert" not in body and "<img src=x" not in body
+        status, headers, body = world.client.get(f"/search?q={q}")
+        assert status == 400 and "<script>alert" not in body
+    assert counts() == before
+
+
+def test_search_leads_to_the_thing(world):
+    for q, where in ((world.forger, f"/participants/{world.forger}"), ("2", "/contributions/2"), ("v1", "/versions/1"),
+                     (world.evidence_digest, f"/evidence/{world.evidence_digest}")):
+        status, headers, _ = world.client.get(f"/search?q={q}")
+        assert status == 303 and headers["Location"] == where
+
+
+def test_version_page_shows_record_shards_evals_and_audit(world):
+    status, v1 = world.client.json("/api/versions/1")
+    assert status == 200 and v1["audit"]["status"] == "passed" and v1["record_cid"] == world.record_cid
+    assert [s["cid"] for s in v1["shards"]] == ["bafkreishard0", "bafkreishard1"]
+    record = v1["record"]
+    assert record["available"] and [s["trimmed_fractions"] for s in record["record"]["shards"]] == [["0.125"], ["0.375"]]
+    assert [(c["commit_id"], c["status"], c["weight"]) for c in v1["contributions"]["items"]] == \
+        [(1, "accepted", 0.25), (2, "rejected", None)]
+    _, v2 = world.client.json("/api/versions/2")
+    assert v2["audit"] == {"status": "failed", "failed_checks": ["manifest"], "checks": 1}
+    assert not v2["record"]["available"] and "ContentNotFoundError" in v2["record"]["error"]
+    _, v0 = world.client.json("/api/versions/0")
+    assert v0["audit"]["status"] == "not audited" and v0["evals"][0]["accuracy"] == 0.1
+    status, _, body = world.client.get("/versions/1")
+    assert "0.375" in body and "audited" in body and "clip-mix-trim" in body
+    status, _, body = world.client.get("/versions")
+    assert status == 200 and "audit FAILED" in body
+    assert world.client.json("/api/versions/7")[0] == 404
+
+
+def test_slashed_worker_links_to_its_evidence(world):
+    status, _, body = world.client.get(f"/participants/{world.forger}")
+    assert status == 200 and "jailed" in body and "wrong_rewards" in body
+    links = re.findall(r'class="evidence-link" href="([^"]+)"', body)
+    assert links == [f"/evidence/{world.evidence_digest}"]
+    status, _, evidence = world.client.get(links[0])
+    assert status == 200 and "32 of 32 rewards differ" in evidence and "check-failed" in evidence
+    _, data = world.client.json(f"/api{links[0]}")
+    assert data["evidence"]["matches_chain"] is True and data["worker"] == world.forger
+    assert data["evidence"]["cid"] == world.evidence_cid
+
+
+def test_participant_lists(world):
+    _, forger = world.client.json(f"/api/participants/{world.forger}")
+    assert forger["jailed"] and forger["contributions"]["rejected"] == 1
+    assert forger["rejections"] == [{"reason_code": "wrong_rewards", "count": 1}]
+    assert forger["lists"]["slashes"]["items"][0]["evidence"][0]["evidence_digest"] == world.evidence_digest
+    _, verifier = world.client.json(f"/api/participants/{world.verifier}")
+    assert verifier["role"] == "verifier" and verifier["lists"]["verdicts"]["total"] == 2
+    assert verifier["claimable"] == str(45 * 10**18)
+    _, rewards = world.client.json(f"/api/participants/{world.verifier}/rewards")
+    assert [r["kind"] for r in rewards["items"]] == ["claim", "bounty"]
+    _, workers = world.client.json("/api/participants?role=worker")
+    assert {p["address"] for p in workers["items"]} == {world.honest, world.forger}
+    assert world.client.json("/api/participants/0x" + "00" * 20)[0] == 404
+
+
+def test_contribution_page(world):
+    status, c = world.client.json("/api/contributions/2")
+    assert status == 200 and c["status"] == "rejected" and c["slashed"] and c["slash"]["amount"] == str(250 * 10**18)
+    assert [v["ok"] for v in c["verdicts"]] == [False]
+    assert c["indexed_header"]["status"] == "available"
+    assert not c["header"]["available"]  # the hand-filled header CIDs are not in the store
+    status, _, body = world.client.get("/contributions/2")
+    assert status == 200 and c["tx_hash"] in body and "FAIL" in body
+    assert world.client.json("/api/contributions/999")[0] == 404
+
+
+def test_without_a_store_details_say_why(world):
+    app = ExplorerApp(world.db, None, AuditStatus(), page_size=10)
+    status, data = Client(app).json("/api/versions/1")
+    assert status == 200 and data["record"]["error"].startswith("no content store")
+    assert data["audit"]["status"] == "not audited"
+    status, _, body = Client(app).get(f"/evidence/{world.evidence_digest}")
+    assert status == 200 and "Document unavailable" in body
+
+
+def test_database_is_read_only(world):
+    with pytest.raises(OperationalError, match="readonly|read-only|query_only"):
+        with world.db.session() as s:
+            s.execute(text("DELETE FROM commits"))
+    with world.db.session() as s:
+        assert s.scalar(select(func.count()).select_from(Commit)) == world.commits
+
+
+def test_open_read_only_refuses_what_is_not_an_index(tmp_path):
+    with pytest.raises(DatabaseError, match="no database at"):
+        open_read_only(f"sqlite:///{tmp_path / 'missing.db'}")
+    assert not (tmp_path / "missing.db").exists()
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(DatabaseError, match="holds no Krill index"):
+        open_read_only(f"sqlite:///{tmp_path / 'other.db'}")
+
+
+def test_unknown_run_and_paths(world):
+    assert world.client.json("/api/versions?run=" + "cd" * 32)[0] == 404
+    status, headers, body = world.client.get("/nothing/here")
+    assert status == 404 and "nothing at" in body
+    status, headers, body = world.client.get("/versions?" + "a=b&" * 1500)
+    assert status == 400
