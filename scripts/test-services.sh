@@ -4,6 +4,8 @@
 set -euo pipefail
 need=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# The explorer's browser tests drive Debian's Chromium through Playwright (never `playwright install`).
+[ -x /usr/bin/chromium ] || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing system packages for the tests: ${need[*]}"
