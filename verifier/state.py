@@ -90,11 +90,16 @@ class VerifierState:
                     raise ConfigError(f"verifier state {self.path} belongs to {key} {row[0]}, not {value}: "
                                       "point verifier.state_dir elsewhere")
 
+    @staticmethod
+    def path_for(directory: Path, *, contract: str, run_id: bytes) -> Path:
+        """Where the state file of `run_id` on `contract` lives inside the role's state directory."""
+        return Path(directory) / f"verifier-{contract.lower()[2:12]}-{run_id.hex()[:16]}.sqlite"
+
     @classmethod
     def for_run(cls, directory: Path, *, contract: str, run_id: bytes, verifier: str) -> VerifierState:
         """The state file of `run_id` on `contract` inside the role's state directory."""
-        name = f"verifier-{contract.lower()[2:12]}-{run_id.hex()[:16]}.sqlite"
-        return cls(Path(directory) / name, contract=contract, run_id=run_id, verifier=verifier)
+        return cls(cls.path_for(directory, contract=contract, run_id=run_id), contract=contract, run_id=run_id,
+                   verifier=verifier)
 
     def _tx(self):
         return _Transaction(self._db)

@@ -71,7 +71,7 @@ def test_run_refuses_an_unstaked_account_then_stake_registers_the_key(run_env, c
     runner = CliRunner()
     result = runner.invoke(main, ["--config", str(config_file), "run"])
     assert result.exit_code != 0 and "krill verifier stake" in str(result.exception)
-    result = runner.invoke(main, ["--config", str(config_file), "stake", "--amount", "150e18"])
+    result = runner.invoke(main, ["--config", str(config_file), "stake", "--amount", "150"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     info = run_env.at(CLI_VERIFIER).stake_of(run_env.address(CLI_VERIFIER))
     assert info.role == Role.VERIFIER and info.staked == 150 * 10**18
