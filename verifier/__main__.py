@@ -1,4 +1,5 @@
-"""`python -m krill.verifier [--config F] [--set S.F=V] run|stake|status`: the role without the `krill` entry point.
+"""`python -m krill.verifier [--config F] [--set S.F=V] COMMAND`: the role without the `krill` entry point
+(commands: init, stake, run, status, unstake, withdraw, claim).
 
 The root options mirror `krill`'s own, so `krill.commands.context.current_config` finds them;
 deliberate `KrillError`s print one `error:` line and exit 1, as under `krill`.

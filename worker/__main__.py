@@ -1,4 +1,4 @@
-"""`python -m krill.worker [--config F] [--set k=v] run|stake|status`."""
+"""`python -m krill.worker [--config F] [--set k=v] init|stake|run|status|unstake|withdraw|claim`."""
 
 from krill.worker.cli import main
 

@@ -42,8 +42,11 @@ def _init(env, index: int, seed: bytes, *extra: str) -> str:
     out = krill_home() / f"verifier-{index}.toml"
     result = krill("verifier", "init", "--rpc-url", env.anvil.rpc_url, "--protocol", env.protocol,
                    "--store", str(env.store_path), "--keystore", str(_keystore(env, index, seed)), "--out", str(out),
-                   *extra)
+                   "--json", *extra)
     assert result.exit_code == 0, result.output
+    made = json.loads(result.output)
+    assert made["created_keystore"] is False and made["funded"] == [] and made["address"] == env.address(index)
+    assert made["run_id"] == env.spec.run_id.hex() and "krill verifier stake" in " ".join(made["next_steps"])
     return str(out)
 
 
