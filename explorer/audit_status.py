@@ -102,3 +102,8 @@ class AuditStatus:
     @property
     def source(self) -> str | None:
         return str(self.path) if self.path is not None else None
+
+    @property
+    def name(self) -> str | None:
+        """The report's file name, as pages show it (not the operator's directory layout)."""
+        return self.path.name if self.path is not None else None

@@ -158,7 +158,7 @@ class ExplorerApp:
 
         body = self.env.get_template(template).render(d=data, params=params, link=link,
                                                       store=self.store is not None,
-                                                      audit_source=self.audit.source).encode()
+                                                      audit_source=self.audit.name).encode()
         return status, [("Content-Type", "text/html; charset=utf-8"), *(headers or [])], body
 
     def _error(self, status: int, message: str, api: bool, headers: list[tuple[str, str]] | None = None):
