@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from krill.config import KrillConfig, krill_home
-from krill.errors import ConfigError, ContentNotFoundError, DevnetError
+from krill.errors import ConfigError, ContentNotFoundError, DevnetError, WrongPasswordError
 
 DEVNET_ETHER = 100 * 10**18
 DEVNET_TOKENS = 1_000 * 10**18
@@ -200,10 +200,15 @@ def init_role(role: str, *, out: Path, keystore: Path, password: str, devnet: bo
                                cost=KdfCost.FAST if devnet else KdfCost.INTERACTIVE)
     else:
         info = read_info(keystore)
-        unlock(keystore, password)  # a wrong password fails here, before anything is written
+        try:
+            unlock(keystore, password)  # a wrong password fails here, before anything is written
+        except WrongPasswordError:
+            raise WrongPasswordError(f"wrong password for the existing keystore {keystore}: give the password it was "
+                                     "made with (KRILL_KEYSTORE__PASSWORD, --password-file or the prompt), or pass "
+                                     "--keystore NEW_NAME to make a new one") from None
     funded = _fund_on_devnet(chain, info.address) if devnet else []
-    _write(data, out, header=f"{role} configuration written by `krill {role} init`; every field: "
-                                 "`krill config show`; the password is not stored here (KRILL_KEYSTORE__PASSWORD)")
+    _write(data, out, header=f"{role} configuration written by `krill {role} init`; every field: `krill config "
+                             "show`; the password is not stored here (KRILL_KEYSTORE__PASSWORD)")
     return InitResult(role, out, info.path, info.address, info.ed25519_public_key, created,
                       config.chain.rpc_url, run_id, funded, others, chain.minimum_stake(role_code(role)))
 

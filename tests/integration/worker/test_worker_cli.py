@@ -168,7 +168,8 @@ def test_each_failure_names_the_next_step(worker_env, tmp_path):
     failed(krill(*common, "--devnet", "--store", "http://127.0.0.1:9"), "cannot reach Kubo")
     failed(krill(*common, "--devnet", "--store", str(tmp_path / "empty-store"), "--run-id", run.run_id.hex()),
            "does not hold the spec of run", "--store")
-    failed(krill(*common, "--devnet", password="not the password"), "wrong password for keystore")
+    failed(krill(*common, "--devnet", "--store", str(env.root / "store"), password="not the password"),
+           "wrong password for the existing keystore", "--keystore NEW_NAME")
     failed(krill(*common, "--rpc-url", env.node.rpc_url, "--protocol", env.accounts[9].address),
            "no contract at", "--protocol")
     assert not os.path.exists(elsewhere)
