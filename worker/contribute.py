@@ -223,4 +223,4 @@ class Contributor:
 def jailed_message(worker: str) -> str:
     return (f"worker {worker} is jailed: a commit of it was slashed after failing verification, and the "
             "contract refuses its commits from now on. Stop this worker; a new account "
-            "(`krill keys new`, then `krill worker stake`) is needed to contribute again")
+            "(`krill worker init --keystore NEW_NAME`, then `krill worker stake`) is needed to contribute again")
