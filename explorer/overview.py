@@ -119,6 +119,7 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
         Contribution.run_id == run_id).group_by(Contribution.status)).all())
     tokens, seconds = session.execute(select(func.sum(Metric.sampled_tokens), func.sum(Metric.wall_seconds))
                                       .where(Metric.run_id == run_id)).one()
+    tokens, seconds = int(tokens or 0), float(seconds or 0.0)  # PostgreSQL sums integers as Decimal
     commits_of_run = select(Commit.commit_id).where(Commit.run_id == run_id)
     stake: dict[str, dict[str, Any]] = {}
     for role, staked, unbonding, jailed in session.execute(
@@ -144,8 +145,8 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
         "failed_verdicts": _count(session, select(func.count()).select_from(Verdict).where(
             Verdict.commit_id.in_(commits_of_run), Verdict.ok.is_(False))),
         "slashes": len(slashed), "slashed_amount": amount(sum(slashed)),
-        "sampled_tokens": int(tokens or 0), "train_seconds": float(seconds or 0.0),
-        "tokens_per_s": (tokens / seconds) if tokens and seconds else None,
+        "sampled_tokens": tokens, "train_seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else None,
         "stake": stake,
         "rewards": {k: amount(v) for k, v in rewards.items()},
     }
