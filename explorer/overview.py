@@ -26,7 +26,6 @@ from krill.db.models import (
     Metric,
     Participant,
     ParticipantRole,
-    Reward,
     RewardKind,
     Run,
     Slash,
@@ -55,11 +54,17 @@ def run_json(run: Run) -> dict[str, Any]:
             "created_block": run.created_block, "created_tx": run.created_tx}
 
 
-def list_runs(session: Session) -> list[dict[str, Any]]:
-    """Every run the index knows (a handful per deployment), newest first."""
-    rows = session.scalars(select(Run).order_by(Run.created_block.desc(), Run.run_id)).all()
-    return [{"run_id": r.run_id, "latest_version": r.latest_version, "created_block": r.created_block}
-            for r in rows]
+def run_row(r: Run) -> dict[str, Any]:
+    return {"run_id": r.run_id, "latest_version": r.latest_version, "created_block": r.created_block}
+
+
+def runs_stmt():
+    """Every run the index knows, newest first."""
+    return select(Run).order_by(Run.created_block.desc(), Run.run_id)
+
+
+def recent_runs(session: Session, limit: int = 20) -> list[dict[str, Any]]:
+    return [run_row(r) for r in session.scalars(runs_stmt().limit(limit))]
 
 
 def resolve_run(session: Session, run_id: str | None) -> Run:
@@ -122,8 +127,14 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
     tokens, seconds = int(tokens or 0), float(seconds or 0.0)  # PostgreSQL sums integers as Decimal
     commits_of_run = select(Commit.commit_id).where(Commit.run_id == run_id)
     stake: dict[str, dict[str, Any]] = {}
-    for role, staked, unbonding, jailed in session.execute(
-            select(Participant.role, Participant.staked, Participant.unbonding, Participant.jailed)):
+    # Credits are summed from each participant's running totals, not from the (long) rewards table.
+    rewards = {RewardKind.REWARD.value: 0, RewardKind.BOUNTY.value: 0, RewardKind.CLAIM.value: 0}
+    for role, staked, unbonding, jailed, credited, bounties, claimed in session.execute(
+            select(Participant.role, Participant.staked, Participant.unbonding, Participant.jailed,
+                   Participant.rewards_credited, Participant.bounties_credited, Participant.claimed)):
+        rewards[RewardKind.REWARD.value] += credited
+        rewards[RewardKind.BOUNTY.value] += bounties
+        rewards[RewardKind.CLAIM.value] += claimed
         entry = stake.setdefault(ROLE_NAMES.get(role, str(role)), {"participants": 0, "staked": 0, "unbonding": 0,
                                                                    "jailed": 0})
         entry["participants"] += 1
@@ -133,9 +144,6 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
     for entry in stake.values():
         entry["staked"], entry["unbonding"] = amount(entry["staked"]), amount(entry["unbonding"])
     slashed = [a for (a,) in session.execute(select(Slash.amount).where(Slash.commit_id.in_(commits_of_run)))]
-    rewards: dict[str, int] = {k.value: 0 for k in RewardKind}
-    for kind, value in session.execute(select(Reward.kind, Reward.amount)):
-        rewards[kind.value] += value
     return {
         "versions": _count(session, select(func.count()).select_from(Version).where(Version.run_id == run_id)),
         "commits": _count(session, select(func.count()).select_from(Commit).where(Commit.run_id == run_id)),
@@ -153,5 +161,5 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
 
 
 def overview(session: Session, run: Run) -> dict[str, Any]:
-    return {"run": run_json(run), "runs": list_runs(session), "series": series(session, run.run_id),
+    return {"run": run_json(run), "runs": recent_runs(session), "series": series(session, run.run_id),
             "totals": totals(session, run.run_id)}

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from krill.explorer.contributions import STATUSES, contribution_detail, evidence_detail, list_contributions
-from krill.explorer.overview import list_runs, overview, resolve_run
+from krill.explorer.overview import overview, resolve_run, run_row, runs_stmt
 from krill.explorer.paging import (
     BadRequest,
     address_value,
     choice_param,
     hex32_value,
     int_param,
+    paginate,
 )
 from krill.explorer.participants import (
     ROLES,
@@ -61,7 +62,7 @@ def _overview(ctx) -> dict[str, Any]:
 
 
 def _runs(ctx) -> dict[str, Any]:
-    return {"runs": list_runs(ctx.session)}
+    return paginate(ctx.session, runs_stmt(), ctx.page(), run_row).to_json()
 
 
 def _versions(ctx) -> dict[str, Any]:
@@ -116,7 +117,7 @@ ROUTES: tuple[Route, ...] = (
     _route("/", "overview.html", _overview,
            "Run parameters, per-version series (accuracy, mean reward, contributions, throughput) and totals "
            "(contributions, verdicts, slashes, stake by role, rewards). `run` selects the run.", "/api/"),
-    _route("/runs", "runs.html", _runs, "Every run in the index, newest first.", "/api/runs"),
+    _route("/runs", "runs.html", _runs, "Every run in the index, newest first." + PAGED, "/api/runs"),
     _route("/versions", "versions.html", _versions,
            "Published versions, newest first: manifest and record CIDs, metrics, eval accuracy, audit status."
            + PAGED, "/api/versions?page=1&per_page=25"),

@@ -235,3 +235,10 @@ def test_unknown_run_and_paths(world):
     assert status == 404 and "nothing at" in body
     status, headers, body = world.client.get("/versions?" + "a=b&" * 1500)
     assert status == 400
+
+
+def test_runs_list(world):
+    status, runs = world.client.json("/api/runs?per_page=5")
+    assert status == 200 and runs["total"] == 1 and runs["items"][0]["run_id"] == world.run
+    status, _, body = world.client.get("/runs")
+    assert status == 200 and world.run in body
