@@ -31,6 +31,12 @@ def _machine_line(m: dict) -> str:
             f"Python {m['python']}, torch {v.get('torch')}, transformers {v.get('transformers')}; {m['date_utc']}")
 
 
+def _stderr(r: dict) -> float:
+    accuracies = [row["accuracy"] for row in r["robustness"]] or [r["base_accuracy"]]
+    p = sum(accuracies) / len(accuracies)
+    return (p * (1 - p) / r["settings"]["eval_n"]) ** 0.5
+
+
 def _robustness_md(r: dict) -> list[str]:
     s = r["settings"]
     clean = {row["rule"]: row["accuracy"] for row in r["robustness"] if row["byzantine"] == 0}
@@ -38,7 +44,9 @@ def _robustness_md(r: dict) -> list[str]:
              f"Each cell: {s['versions']} versions from the base model ({_pct(r['base_accuracy'])}%), "
              f"{s['workers']} submissions per version of which the Byzantine ones are computed from the honest "
              f"rows of the same shard; {s['prompts_per_worker']} prompts x {s['group_size']} samples per honest "
-             f"worker, seed 0, accuracy on {s['eval_n']} held-out prompts.", ""]
+             f"worker, seed 0, accuracy on {s['eval_n']} held-out prompts. One run per cell: the binomial "
+             f"standard error of one accuracy is about {_pct(_stderr(r))} points, and runs that differ in any way "
+             "follow different training paths, so gaps of a few points are within run-to-run variation.", ""]
     for fraction in [f for f in s["fractions"] if f > 0]:
         cells = [row for row in r["robustness"] if row["fraction"] == fraction]
         attacks = [a for a in s["attacks"] if any(row["attack"] == a for row in cells)]
@@ -118,6 +126,7 @@ def plots(r: dict, stem: Path) -> list[Path]:
             ax.bar([j + i * width for j in range(len(cols))], ys, width, label=rule)
         ax.axhline(100 * r["base_accuracy"], color="grey", linestyle="--", label="base model")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cols))], cols)
+        ax.set_ylim(0, 1.35 * ax.get_ylim()[1])  # room for the legend above the bars
         ax.set_ylabel("final greedy accuracy (%)")
         ax.set_title(f"{round(100 * fraction)}% Byzantine workers ('none': no attacker)")
         ax.legend(fontsize=8)
