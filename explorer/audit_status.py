@@ -72,7 +72,10 @@ class AuditStatus:
 
     def _refresh(self) -> None:
         try:
-            stat = self.path.stat()
+            try:
+                stat = self.path.stat()
+            except FileNotFoundError:
+                return  # not written yet (the demo writes its summary at the end): nothing audited so far
             if stat.st_mtime == self._mtime:
                 return
             if stat.st_size > MAX_REPORT_BYTES:

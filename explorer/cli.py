@@ -23,7 +23,7 @@ from krill.commands.context import current_config
 @click.option("--host", help="Address to listen on (default: explorer.host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port to listen on (default: explorer.port; 0: any free).")
 @click.option("--db", "db_url", help="Index database URL (default: database.url).")
-@click.option("--audit-report", type=click.Path(dir_okay=False, exists=True),
+@click.option("--audit-report", type=click.Path(dir_okay=False),
               help="`krill audit --json` output or a demo summary.json to show audit status from.")
 @click.option("--no-store", is_flag=True, help="Do not read the content store (pages show what the index holds).")
 @click.option("--quiet", is_flag=True, help="Do not log requests.")

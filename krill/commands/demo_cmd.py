@@ -31,9 +31,13 @@ import click
               help="TOML file of run-spec overrides for the demo's run.")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True),
               help="Local HF model directory to post-train (default: the built-in base model).")
+@click.option("--explorer-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Port of the explorer the demo serves (0: a free one).")
+@click.option("--no-explorer", is_flag=True, help="Do not start the explorer.")
+@click.option("--serve", is_flag=True, help="Keep the explorer serving the finished run until Ctrl-C.")
 @click.option("--chain-round", is_flag=True, help="Only play one scripted contract round and print what the chain says.")
 def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workdir, spec_file, model_dir,
-         chain_round) -> None:
+         explorer_port, no_explorer, serve, chain_round) -> None:
     """Run Krill end to end on this machine and print the outcome."""
     from rich.console import Console
 
@@ -52,11 +56,12 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
         overrides = tomllib.loads(Path(spec_file).read_text()) if spec_file else {}
         config = DemoConfig(workers=workers, adversaries=adversaries, verifiers=verifiers, minutes=minutes,
                             versions=versions, spec_overrides=overrides,
-                            model_dir=Path(model_dir) if model_dir else None)
+                            model_dir=Path(model_dir) if model_dir else None,
+                            explorer_port=None if no_explorer else explorer_port, serve=serve)
         where = Path(workdir) if workdir else krill_home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
         console.print(f"[bold]krill demo[/bold] in {where}")
-        summary = run_demo(config, where, echo=lambda line: console.print(line, highlight=False))
-        _print_summary(console, summary)
+        summary = run_demo(config, where, echo=lambda line: console.print(line, highlight=False),
+                           on_summary=lambda s: _print_summary(console, s))
     if summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2), encoding="utf-8")
 
@@ -80,6 +85,9 @@ def _print_summary(console, summary: dict) -> None:
     v = summary["verifications"]
     console.print(f"verifications: {v['checked']} checked, {v['failed']} failed; "
                   f"release CID [bold]{summary['release_cid']}[/bold]; wall time {summary['wall_seconds'] / 60:.1f} min")
+    if summary.get("explorer"):
+        console.print(f"explorer: {summary['explorer']}" + ("" if summary.get("serving") else " (stopped with the demo; "
+                      "`krill demo --serve` keeps it up, or run `krill explorer --db sqlite:///<workdir>/krill.db`)"))
 
 
 def _chain_round(console) -> dict:

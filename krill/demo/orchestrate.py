@@ -52,6 +52,9 @@ class DemoConfig(BaseModel):
     model_dir: Path | None = Field(None, description="Local HF model to post-train (default: the built-in base model).")
     release_eval_n: int | None = Field(None, ge=1, description="Held-out prompts for the release's evals (default: the spec's).")
     release: bool = Field(True, description="Release (and evaluate) the final version at the end.")
+    explorer_port: int | None = Field(0, ge=0, le=65535,
+                                      description="Serve the explorer on this port (0: a free one; None: no explorer).")
+    serve: bool = Field(False, description="Keep the explorer serving after the summary, until Ctrl-C.")
     audit_last: int = Field(3, ge=0, description="`krill audit` the last this many versions before the chain stops (0: none).")
 
     @field_validator("attacks")
@@ -91,8 +94,11 @@ def _write_role_config(path: Path, *, rpc_url: str, deployment, store: Path, db_
     path.write_text(tomli_w.dumps(data), encoding="utf-8")
 
 
-def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> dict:
-    """Run the demo in `workdir`; returns the summary (also written to workdir/summary.json)."""
+def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
+             on_summary: Callable[[dict], None] | None = None) -> dict:
+    """Run the demo in `workdir`; returns the summary (also written to workdir/summary.json).
+
+    `on_summary` sees the summary as soon as it exists (before `serve` keeps the explorer up)."""
     from krill.chain.anvil import AnvilProcess
     from krill.chain.devnet import provision
     from krill.chain.rpc import dev_accounts
@@ -106,6 +112,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
     env = {**os.environ, "KRILL_HOME": str(home), "KRILL_KEYSTORE__PASSWORD": DEMO_PASSWORD}
     env.pop("KRILL_CONFIG", None)
     run = DemoRun(workdir)
+    summary_extra: dict = {}
 
     if config.model_dir is not None:
         model_dir = config.model_dir
@@ -163,6 +170,14 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         echo(f"staked {config.workers} workers ({config.adversaries} attacking: {', '.join(attacks) or 'none'}) "
              f"and {config.verifiers} verifiers")
 
+        if config.explorer_port is not None:
+            from krill.chain.anvil import free_port
+
+            port = config.explorer_port or free_port()
+            procs.krill("explorer", ["--config", str(run.configs["coordinator"]), "explorer", "--port", str(port),
+                                     "--quiet", "--audit-report", str(workdir / "summary.json")])
+            summary_extra["explorer"] = f"http://127.0.0.1:{port}/"
+            echo(f"explorer: http://127.0.0.1:{port}/ (read-only pages and JSON API over the run's index)")
         coordinator = procs.krill("coordinator", ["--config", str(run.configs["coordinator"]), "coordinator", "run"])
         for role, name in roles[1:]:
             args = ["--config", str(run.configs[name]), role, "run"]
@@ -185,7 +200,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
         watcher.poll()
         if not coordinator.running() and coordinator.popen.returncode not in (0, None):
             raise KrillError(f"the coordinator failed:\n{coordinator.tail()}")
-        procs.stop_all()
+        procs.stop_all(keep=("explorer",))  # the explorer serves the finished run until the demo ends
         train_seconds = time.monotonic() - train_started
 
         summary = collect_summary(db_url, run)
@@ -209,8 +224,19 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None]) -> 
                                 "failures": [f"v{v['version']}: {c['name']}" for v in report["versions"]
                                              for c in v["checks"] if not c["ok"]]}
         summary.update(wall_seconds=round(time.monotonic() - started, 1), train_seconds=round(train_seconds, 1),
-                       run_id=run.run_id, workdir=str(workdir))
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+                       run_id=run.run_id, workdir=str(workdir), **summary_extra)
+        (workdir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        explorer = next((c for c in procs.children if c.name == "explorer"), None)
+        summary["serving"] = bool(config.serve and explorer is not None and explorer.running())
+        if on_summary is not None:
+            on_summary(summary)
+        if summary["serving"]:
+            echo(f"serving the explorer at {summary_extra['explorer']} until Ctrl-C ...")
+            try:
+                while explorer.running():
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                pass
     return summary
 
 

@@ -92,9 +92,11 @@ class ProcessGroup:
                 time.sleep(0.05)
         stop_pid(child.pid, 1.0, child.popen)
 
-    def stop_all(self) -> None:
+    def stop_all(self, keep: tuple[str, ...] = ()) -> None:
+        """Stop every child (newest first) except those named in `keep`."""
         for child in reversed(self.children):
-            self.stop(child, grace=5.0)
+            if child.name not in keep:
+                self.stop(child, grace=5.0)
 
     def __enter__(self) -> ProcessGroup:
         return self

@@ -26,7 +26,16 @@ def test_forger_is_caught_and_honest_work_is_folded(tmp_path):
                         spec_overrides={"chain": {"check_probability_ppm": 1_000_000, "attestation_quorum": 1},
                                         "version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 50})
     lines: list[str] = []
-    summary = run_demo(config, tmp_path / "demo", echo=lines.append)
+    pages: dict[str, str] = {}
+
+    def fetch_explorer(summary: dict) -> None:  # the explorer still serves the finished run here
+        import urllib.request
+
+        for path in ("", "api/participants"):
+            with urllib.request.urlopen(summary["explorer"] + path, timeout=10) as response:
+                pages[path] = response.read().decode()
+
+    summary = run_demo(config, tmp_path / "demo", echo=lines.append, on_summary=fetch_explorer)
 
     assert summary["versions"] >= 2, lines
     by_behavior = {w["behavior"]: [] for w in summary["workers"]}
@@ -37,6 +46,7 @@ def test_forger_is_caught_and_honest_work_is_folded(tmp_path):
     for honest in by_behavior["honest"]:
         assert honest["slashed"] == 0 and not honest["jailed"] and honest["accepted"] > 0
     assert summary["release_cid"].startswith("baf")
+    assert "<svg" in pages[""] and forger["address"] in pages["api/participants"]
     assert summary["verifications"]["failed"] >= 1
 
     with open_database(f"sqlite:///{tmp_path / 'demo' / 'krill.db'}") as db, db.session() as s:

@@ -40,6 +40,15 @@ def test_audit_report_spellings(tmp_path):
         AuditStatus(path)
 
 
+def test_a_report_not_written_yet_is_read_once_it_appears(tmp_path):
+    path = tmp_path / "summary.json"  # the demo writes it only at the end
+    status = AuditStatus(path)
+    assert status.of(1)["status"] == "not audited"
+    path.write_text(json.dumps({"run_id": "cd" * 32, "version": 1, "ok": True,
+                                "checks": [{"name": "x", "ok": True, "detail": ""}]}))
+    assert status.of(1)["status"] == "passed"
+
+
 def test_charts_are_escaped_svg_without_script():
     chart = line_chart("<b>accuracy</b>", {"a": [(0, 0.1), (1, None), (2, float("nan")), (3, 0.4)],
                                           "b": [(0, 0.2), (3, 0.3)]}, y_range=(0.0, 1.0))
