@@ -13,6 +13,7 @@ from krill.cli import LazyGroup
 BENCHMARKS = {
     "gas": "krill.commands.bench_gas:gas",
     "robustness": "krill.commands.bench_robustness:robustness",
+    "rl": "krill.commands.bench_rl:rl",
     "store": "krill.commands.bench_store:store",
 }
 

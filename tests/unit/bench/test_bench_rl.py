@@ -1,0 +1,100 @@
+import json
+import math
+
+from click.testing import CliRunner
+
+from krill.bench.rl_compare import protocol_times, summarise, time_to, trl_available
+from krill.commands.bench_cmd import bench
+
+
+def _run(system: str, seed: int, curve: list, steps_per_min: float = 60.0) -> dict:
+    return {"system": system, "seed": seed, "curve": curve, "steps_per_min": steps_per_min,
+            "steps_per_cpu_min": steps_per_min / 2, "final_accuracy": curve[-1][3], "base_accuracy": curve[0][3]}
+
+
+def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
+    curve = [[0, 0.0, 0.0, 0.2], [10, 15.0, 14.0, 0.41], [20, 30.0, 29.0, 0.38], [30, 45.0, 44.0, 0.5]]
+    assert time_to(curve, 0.4) == 15.0 and time_to(curve, 0.5) == 45.0 and time_to(curve, 0.6) is None
+    assert time_to(curve, 0.2) == 0.0
+
+
+def test_medians_count_unreached_targets_as_slowest_and_ratios_divide_medians():
+    krill = [_run("krill", 0, [[0, 0, 0, 0.2], [9, 20.0, 0, 0.5]], 30.0),
+             _run("krill", 1, [[0, 0, 0, 0.2], [9, 40.0, 0, 0.5]], 40.0),
+             _run("krill", 2, [[0, 0, 0, 0.2], [9, 60.0, 0, 0.3]], 50.0)]
+    trl = [_run("trl", s, [[0, 0, 0, 0.2], [9, 10.0 * (s + 1), 0, 0.6]], 100.0) for s in range(3)]
+    out = summarise(krill + trl, (0.5, 0.9))
+    assert out["krill"]["time_to"] == {"0.5": 40.0, "0.9": None}
+    assert out["krill"]["reached"] == {"0.5": 2, "0.9": 0}
+    assert out["trl"]["time_to"]["0.5"] == 20.0
+    assert out["krill_over_trl"]["time_to"] == {"0.5": 2.0, "0.9": None}
+    assert out["krill_over_trl"]["steps_per_min"] == 0.4
+    assert math.isclose(out["krill_over_trl"]["final_accuracy"], 0.5 / 0.6)
+    # Most runs not reaching a target: the median is "not reached", not the one run that did.
+    assert summarise([krill[0], krill[2], krill[2]], (0.5,))["krill"]["time_to"]["0.5"] is None
+    assert "krill_over_trl" not in summarise(krill, (0.5,))
+
+
+def test_trl_reward_is_the_tasks_strict_reward_on_the_completion_ids():
+    from krill.bench.rl_trl import task_reward
+    from krill.model.tokenizer import build_char_tokenizer
+    from krill.rl.tasks import get_task
+
+    task, tok = get_task("arithmetic"), build_char_tokenizer()
+    _, meta = task.prompt(7, "train")
+    answer = tok(task.reference(meta), add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+    means: list[float] = []
+    reward = task_reward(task, tok, means)
+    got = reward(prompts=["p"] * 3, completions=["c"] * 3, meta=[json.dumps(meta)] * 3,
+                 completion_ids=[answer + [eos], answer[:-1] + [eos], answer + answer[:1] + [eos]])
+    assert got == [1.0, 0.0, 0.0] and means == [1 / 3]
+
+
+def test_protocol_times_sum_the_coordinators_version_seconds(tmp_path):
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from krill.db.models import Metric, StateBase
+
+    db = tmp_path / "krill.db"
+    engine = create_engine(f"sqlite:///{db}")
+    StateBase.metadata.create_all(engine)
+    with Session(engine) as s:
+        for v, seconds, acc in [(1, 2.0, None), (2, 3.0, 0.35), (3, 4.0, None), (4, 1.0, 0.45)]:
+            s.add(Metric(run_id="ab" * 32, version=v, accepted=1, rejected=0, wall_seconds=seconds,
+                         extra={"accuracy": acc}))
+        s.commit()
+    engine.dispose()
+    p = protocol_times(db, (0.3, 0.4, 0.5))
+    assert p["versions"] == 4 and p["seconds"] == 10.0
+    assert p["time_to"] == {"0.3": 5.0, "0.4": 10.0, "0.5": None}
+
+
+def test_tiny_size_writes_every_figure(tmp_path):
+    # The CI smoke test: the Krill side always; the TRL side when the `bench` extra is installed.
+    result = CliRunner().invoke(bench, ["rl", "--tiny", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "rl-tiny.json").read_text())
+    assert json.loads(result.stdout) == data
+    assert data["machine"]["cpu_count"] >= 1 and data["machine"]["versions"]["torch"]
+    systems = ["krill", "trl"] if trl_available() else ["krill"]
+    assert [r["system"] for r in data["runs"]] == systems * data["settings"]["seeds"]
+    for run in data["runs"]:
+        assert run["steps"] == data["settings"]["max_steps"]
+        assert run["curve"][0][:3] == [0, 0.0, 0.0] and run["curve"][-1][0] == run["steps"]
+        assert all(0.0 <= row[3] <= 1.0 for row in run["curve"])
+        assert run["train_seconds"] > 0 and run["steps_per_min"] > 0 and run["load_start"] >= 0
+    assert set(data["summary"]) == ({"krill", "trl", "krill_over_trl"} if trl_available() else {"krill"})
+    assert (data["trl_note"] is None) == trl_available()
+    md = (tmp_path / "rl-tiny.md").read_text()
+    assert "Machine: " in md and "| optimizer steps per minute |" in md and "## Runs" in md
+    assert (tmp_path / "rl-tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tiny_size_without_trl_says_so(tmp_path):
+    result = CliRunner().invoke(bench, ["rl", "--tiny", "--skip-trl", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "rl-tiny.json").read_text())
+    assert [r["system"] for r in data["runs"]] == ["krill"] and "skipped" in data["trl_note"]
+    assert "TRL: skipped" in (tmp_path / "rl-tiny.md").read_text()
