@@ -46,6 +46,7 @@ from krill.db.models import (
 )
 from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
 from krill.payload import errors as pe
+from krill.phases import phase
 
 _CODES: tuple[tuple[type[PayloadError], RejectionCode], ...] = (
     (pe.DigestMismatchError, RejectionCode.DIGEST_MISMATCH),
@@ -109,26 +110,31 @@ def fetch_and_validate(ctx, commit: CommitView):
 
     limits = ctx.spec.limits
     digest = bytes.fromhex(commit.header_digest)
-    header_bytes = ctx.store.get(digest_to_cid(digest), max_bytes=limits.max_header_bytes)
+    with phase("fetch"):
+        header_bytes = ctx.store.get(digest_to_cid(digest), max_bytes=limits.max_header_bytes)
     state = ctx.state(commit.version)
     expected = ExpectedContext(run_id=ctx.run_hex, chain_id=ctx.chain_id, contract=ctx.contract,
                                worker=commit.worker, ed25519_key=commit.worker_key, model_version=commit.version,
                                manifest_cid=state.manifest_cid, digest=digest)
-    if hashlib.sha256(header_bytes).digest() != digest:
-        raise pe.DigestMismatchError("header bytes do not hash to the committed digest", field="header")
-    header = decode_header(header_bytes, limits, verify=False)
-    check_context(header, expected)
-    header.verify(commit.worker_key)
+    with phase("validate"):
+        if hashlib.sha256(header_bytes).digest() != digest:
+            raise pe.DigestMismatchError("header bytes do not hash to the committed digest", field="header")
+        header = decode_header(header_bytes, limits, verify=False)
+        check_context(header, expected)
+        header.verify(commit.worker_key)
     files = {}
     for name, ref in sorted(header.files.items()):
         cap = limits.max_rollout_bytes if name == ROLLOUTS_FILE else limits.max_grad_bytes
         if ref.size > cap:
             raise pe.PayloadTooLargeError(f"{ref.size} bytes, over the cap of {cap}", field=f"{name}.size")
         try:
-            files[name] = ctx.store.get(ref.cid, max_bytes=ref.size)
+            with phase("fetch"):
+                files[name] = ctx.store.get(ref.cid, max_bytes=ref.size)
         except IntegrityError as exc:  # the store refused bytes not matching the CID the worker signed
             raise pe.DigestMismatchError(f"content under {ref.cid} does not match it: {exc}", field=name) from None
-    return validate_contribution(header_bytes, files, limits, expected, ctx.grad_lengths(commit.version))
+    lengths = ctx.grad_lengths(commit.version)
+    with phase("validate"):
+        return validate_contribution(header_bytes, files, limits, expected, lengths)
 
 
 def contribution_bytes(contribution) -> int:
@@ -167,7 +173,8 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
         return _reject(RejectionCode.STALE, f"rollouts sampled at version {contribution.header.behaviour_version}, "
                                             f"{behind} behind the learner version (S_max = "
                                             f"{ctx.spec.staleness.max_staleness})")
-    cheap = cheap_replay(ctx, contribution)
+    with phase("replay"):
+        cheap = cheap_replay(ctx, contribution)
     if cheap is not None:
         return cheap
     return Outcome(ContributionStatus.ACCEPTED, contribution=contribution,

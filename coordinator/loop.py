@@ -31,6 +31,7 @@ from krill.coordinator.publish import complete_version
 from krill.coordinator.settle import settle_version
 from krill.coordinator.slash import slash_due
 from krill.errors import ChainUnavailableError, StoreUnavailableError
+from krill.phases import phase, recording
 
 log = logging.getLogger(__name__)
 FAULTS = (ChainUnavailableError, StoreUnavailableError)
@@ -50,6 +51,9 @@ class Coordinator:
     def __init__(self, ctx, indexer, options: LoopOptions, echo: Callable[[str], None] = print):
         self.ctx, self.indexer, self.options, self.echo = ctx, indexer, options, echo
         self.published: list[VersionFigures] = []
+        # Wall time per phase since the last published version (`run` records it; krill.phases); each
+        # version's metrics row carries it, for `krill bench protocol`.
+        self.phases: dict[str, float] = {}
         ensure_tables(ctx.db)
 
     # ------------------------------------------------------------------ one pass
@@ -67,22 +71,30 @@ class Coordinator:
     def step(self) -> list[VersionFigures]:
         """One pass; returns the figures of the versions it published."""
         ctx = self.ctx
-        self.indexer.sync()
+        with phase("index"):
+            self.indexer.sync()
         out = self._finish_journalled()
         if self.options.eval_every > 0:
-            evaluate_version(ctx, 0)
-        if slash_lines := [self._slash_line(s) for s in slash_due(ctx)]:
+            with phase("eval"):
+                evaluate_version(ctx, 0)
+        with phase("slash"):
+            slashed = slash_due(ctx)
+        if slash_lines := [self._slash_line(s) for s in slashed]:
             for line in slash_lines:
                 self.echo(line)
-            self.indexer.sync()
+            with phase("index"):
+                self.indexer.sync()
         latest = ctx.chain.run_of(ctx.run_id).latest_version
         if self.options.max_versions is not None and latest >= self.options.max_versions:
             return out
         version = latest + 1
-        report = ingest(ctx, version)
+        with phase("ingest"):
+            report = ingest(ctx, version)
         for code, n in sorted(report.reasons.items()):
             self.echo(f"rejected {n} contribution{'s' * (n != 1)}: {code}")
-        if decide(ctx, version) is not None:
+        with phase("close"):
+            decision = decide(ctx, version)
+        if decision is not None:
             halt_point("decided")
             out += self._finish_journalled()
         return out
@@ -94,10 +106,13 @@ class Coordinator:
         for row in rows:
             fold_seconds, sent = 0.0, row.bytes_published or 0
             if row.state in (DecisionState.DECIDED, DecisionState.STORED):
-                published = complete_version(ctx, row.version)
+                with phase("publish"):
+                    published = complete_version(ctx, row.version)
                 fold_seconds, sent = published.fold_seconds, published.bytes_published
-                self.indexer.sync()
-            settle_version(ctx, row.version)
+                with phase("index"):
+                    self.indexer.sync()
+            with phase("settle"):
+                settle_version(ctx, row.version)
             out.append(self._report(row, sent, fold_seconds))
         return out
 
@@ -113,8 +128,11 @@ class Coordinator:
         f = figures(row, received, sent, float(seconds), fold_seconds)
         every, last = self.options.eval_every, self.options.max_versions
         if every > 0 and (row.version % every == 0 or row.version == last):
-            f = VersionFigures(**{**f.__dict__, "accuracy": evaluate_version(ctx, row.version)})
-        record_metrics(ctx, f)
+            with phase("eval"):
+                f = VersionFigures(**{**f.__dict__, "accuracy": evaluate_version(ctx, row.version)})
+        phases = {k: round(v, 4) for k, v in self.phases.items()}
+        self.phases.clear()
+        record_metrics(ctx, f, {"phases": phases} if phases else None)
         for e in row.accepted:
             ctx.forget(int(e["commit_id"]))
         self.published.append(f)
@@ -135,7 +153,8 @@ class Coordinator:
         delay = self.options.poll_interval_s
         while not stop.is_set():
             try:
-                self.step()
+                with recording(self.phases):
+                    self.step()
                 if self.done():
                     return
                 delay = self.options.poll_interval_s

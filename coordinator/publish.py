@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from krill.coordinator.faults import halt_point
 from krill.coordinator.journal import DecisionState, VersionDecision
 from krill.errors import ChainError
+from krill.phases import phase
 
 
 class CoordinatorStateError(ChainError):
@@ -65,9 +66,10 @@ def build_content(ctx, row: VersionDecision):
     parent = ctx.state(row.version - 1)
     subs, states = submissions(ctx, row.accepted)
     results = fold_version(ctx.spec, parent, subs, states, shards=ctx.shards)
-    manifest, _cid, record = publish_version_content(
-        ctx.store, ctx.spec, parent, results, [AcceptedEntry(**e) for e in row.accepted],
-        [RejectedEntry(**e) for e in row.rejected], row.closed_by)
+    with phase("store"):
+        manifest, _cid, record = publish_version_content(
+            ctx.store, ctx.spec, parent, results, [AcceptedEntry(**e) for e in row.accepted],
+            [RejectedEntry(**e) for e in row.rejected], row.closed_by)
     changed = {r.shard for r in results if r.submissions > 0}
     sent = len(manifest.canonical_bytes()) + len(record.encode())
     sent += sum(s.size for s in manifest.shards if s.index in changed)
@@ -95,7 +97,8 @@ def complete_version(ctx, version: int) -> Published:
     manifest_digest = hashlib.sha256(manifest.canonical_bytes()).digest()
     _mark(ctx, version, DecisionState.STORED, manifest_digest, record.digest, sent)
     halt_point("stored")
-    ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
+    with phase("publish_tx"):
+        ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
     halt_point("published")
     _mark(ctx, version, DecisionState.PUBLISHED, manifest_digest, record.digest, sent)
     return Published(version, manifest_digest, record.digest, sent, seconds, False)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from krill.phases import current, phase, recording
 from krill.protocol.spec import RunSpec
 from krill.worker.backoff import Backoff
 from krill.worker.behaviors import Behavior
@@ -54,6 +55,9 @@ class Outcome:
     seconds: dict[str, float] = field(default_factory=dict)
     resumed: bool = False
     detail: str = ""
+    # Finer phases inside `seconds` (rollout, reward, gradient, compress, hash, sign, save, chain_*,
+    # fetch_version; `krill.phases`), for `krill bench protocol`; empty for a resumed commit.
+    phases: dict[str, float] = field(default_factory=dict)
 
     def record(self) -> dict:
         return asdict(self) | {"time": round(time.time(), 3)}
@@ -91,10 +95,11 @@ class Contributor:
     # ------------------------------------------------------------------ produce
     def contribute(self) -> Outcome:
         """Make one contribution at the newest versions and submit it."""
-        prepared = self.prepare()
-        if isinstance(prepared, Outcome):
-            return prepared
-        return self.submit(*prepared, resumed=False)
+        with recording():
+            prepared = self.prepare()
+            if isinstance(prepared, Outcome):
+                return prepared
+            return self.submit(*prepared, resumed=False)
 
     def prepare(self):
         """Sample, learn, package and save a contribution as pending; returns the arguments of
@@ -103,10 +108,13 @@ class Contributor:
         from krill.worker.behaviors import Work
 
         started = time.perf_counter()
-        b = self.backoff.call(self.source.latest, "chain (latest version)")
-        engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
+        with phase("chain_read"):
+            b = self.backoff.call(self.source.latest, "chain (latest version)")
+        with phase("fetch_version"):
+            engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
-        nonce = self.state.reserve_nonce()
+        with phase("save"):
+            nonce = self.state.reserve_nonce()
         work = Work(self.spec, task, tok, self.who, nonce, chain=self.chain, store=self.store, source=self.source,
                     engine=engine, shards=self.shards)
         sampled = self.behavior.sample(work)
@@ -115,14 +123,16 @@ class Contributor:
         seconds = {"sample": sampled.seconds}
         summary = {"mean_reward": float(sampled.rewards.mean()), "true_mean_reward": float(true_rewards.mean()),
                    "tokens": int(sampled.rollouts.num_completion_tokens)}
-        v = self.backoff.call(self.source.latest, "chain (latest version)")
+        with phase("chain_read"):
+            v = self.backoff.call(self.source.latest, "chain (latest version)")
         if v - b > self.spec.staleness.max_staleness:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},
                               detail=f"rollouts of version {b} are more than S_max={self.spec.staleness.max_staleness} "
-                                     f"behind version {v}", **summary)
+                                     f"behind version {v}", phases=current(), **summary)
             self.state.log(outcome.record())
             return outcome
-        model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
+        with phase("fetch_version"):
+            model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
         learned = learn(self.spec, model, learner_state, sampled, self.shards, tok.pad_token_id)
         work.learner, work.learner_state = model, learner_state
         learned.values = self.behavior.gradients(work, sampled, learned.values)
@@ -132,7 +142,8 @@ class Contributor:
         header_bytes = header.encode()
         pending = Pending(model_version=self.behavior.commit_version(work, v, v), behaviour_version=b, nonce=nonce,
                           digest=header.digest.hex(), files=sorted(files), summary=summary)
-        self.state.save_pending(pending, header_bytes, files)
+        with phase("save"):
+            self.state.save_pending(pending, header_bytes, files)
         seconds["package"] = time.perf_counter() - t
         return pending, header_bytes, files, seconds, started
 
@@ -150,7 +161,7 @@ class Contributor:
         s = pending.summary
         return Outcome(status, pending.nonce, pending.behaviour_version, pending.model_version, digest=pending.digest,
                        mean_reward=s.get("mean_reward"), true_mean_reward=s.get("true_mean_reward"),
-                       tokens=int(s.get("tokens", 0)), seconds=seconds, resumed=resumed, **kw)
+                       tokens=int(s.get("tokens", 0)), seconds=seconds, resumed=resumed, phases=current(), **kw)
 
     def _finish(self, outcome: Outcome) -> Outcome:
         self.state.finish(outcome.record())
@@ -173,7 +184,8 @@ class Contributor:
         from krill.chain.events import Committed
 
         digest = bytes.fromhex(pending.digest)
-        existing = self._own_commit(digest)
+        with phase("chain_read"):
+            existing = self._own_commit(digest)
         if existing:
             return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=existing))
         t = time.perf_counter()

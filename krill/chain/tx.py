@@ -31,6 +31,7 @@ from krill.chain.errors import revert_from_exception
 from krill.chain.events import ChainEvent, decode_receipt
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, is_in_process, with_retries
 from krill.errors import ChainError, ContractRevert
+from krill.phases import phase
 
 E = TypeVar("E", bound=ChainEvent)
 IN_PROCESS_GAS_LIMIT = 10_000_000
@@ -157,7 +158,8 @@ class Transactor:
         tx = dict(build({"from": sender, "chainId": self._chain_id(), **self._fees(), "gas": 1}))
         probe = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
         try:
-            tx["gas"] = self._gas_limit(probe, what)
+            with phase("chain_estimate"):
+                tx["gas"] = self._gas_limit(probe, what)
         except ContractRevert:
             raise
         except Exception as exc:
@@ -171,10 +173,12 @@ class Transactor:
     def _sign_send_wait(self, tx: dict, what: str) -> Receipt:
         sender = tx["from"]
         try:
-            signed = self.account.sign_transaction(tx)
-            tx_hash = self._send_raw(signed.raw_transaction, what)
-            receipt = self._rpc(lambda: self.w3.eth.wait_for_transaction_receipt(
-                tx_hash, timeout=self.receipt_timeout_s, poll_latency=0.05), f"{what} (receipt)")
+            with phase("chain_send"):
+                signed = self.account.sign_transaction(tx)
+                tx_hash = self._send_raw(signed.raw_transaction, what)
+            with phase("chain_confirm"):
+                receipt = self._rpc(lambda: self.w3.eth.wait_for_transaction_receipt(
+                    tx_hash, timeout=self.receipt_timeout_s, poll_latency=0.05), f"{what} (receipt)")
         except Exception:
             self.nonces.forget(sender)
             raise

@@ -22,6 +22,7 @@ from krill.payload.gradient import GradientShard, decode_gradient_shard
 from krill.payload.header import ROLLOUTS_FILE, FileRef, HeaderBody, SignedHeader, decode_header, grad_file
 from krill.payload.limits import PayloadLimits
 from krill.payload.rollout import RolloutBatch, decode_rollouts
+from krill.phases import phase
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,15 @@ def file_ref(data: bytes) -> FileRef:
 def build_contribution(body: dict, rollouts: RolloutBatch, gradients: list[GradientShard], signing_key,
                        limits: PayloadLimits) -> tuple[SignedHeader, dict[str, bytes]]:
     """Encode the files, name them in the header, sign it. `body` holds every other header field."""
-    files = {ROLLOUTS_FILE: rollouts.encode(limits)}
-    for grad in gradients:
-        files[grad_file(grad.shard)] = grad.encode()
-    header = HeaderBody(**body, files={name: file_ref(data) for name, data in files.items()}).sign(signing_key)
+    with phase("encode_rollouts"):
+        files = {ROLLOUTS_FILE: rollouts.encode(limits)}
+    with phase("compress"):
+        for grad in gradients:
+            files[grad_file(grad.shard)] = grad.encode()
+    with phase("hash"):
+        refs = {name: file_ref(data) for name, data in files.items()}
+    with phase("sign"):
+        header = HeaderBody(**body, files=refs).sign(signing_key)
     return header, files
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from krill.errors import ModelError
+from krill.phases import phase
 from krill.protocol.spec import RunSpec
 from krill.rl.aggregate import aggregate
 from krill.rl.optimizer import ShardAdamW
@@ -65,32 +66,35 @@ def fold_shard(spec: RunSpec, shard: int, names: list[str], parent_tensors: dict
         idx = [masks_by_version[v][n] for v in sorted({s.model_version for s in subs})]
         unions[n] = idx[0] if len(idx) == 1 else torch.unique(torch.cat(idx))
     widths = [int(unions[n].numel()) for n in names]
-    rows = torch.zeros((len(subs), sum(widths)), dtype=torch.float32)
-    for r, sub in enumerate(subs):
-        col = 0
-        for n, width in zip(names, widths, strict=True):
-            mask = masks_by_version[sub.model_version][n]
-            values = torch.from_numpy(np.ascontiguousarray(sub.values[shard][n], dtype=np.float32))
-            if values.numel() != mask.numel():
-                raise ModelError(f"commit {sub.commit_id}: {n} has {values.numel()} values for a mask of {mask.numel()}")
-            pos = torch.searchsorted(unions[n], mask)
-            rows[r, col + pos] = values
-            col += width
-    weights = torch.tensor([s.weight for s in subs], dtype=torch.float64)
-    agg, stats = aggregate(rows, weights, spec.rule)
-    grads: dict[str, torch.Tensor] = {}
-    for n, part in zip(names, torch.split(agg.to(torch.float32), widths), strict=True):
-        dense = torch.zeros(math.prod(tensors[n].shape), dtype=torch.float32)
-        dense[unions[n]] = part
-        grads[n] = dense.view(tensors[n].shape)
-    optimizer = ShardAdamW(tensors, spec.optimizer)
-    if parent_state is not None:
-        optimizer.load_state_bytes(parent_state)
-    before = {n: t.clone() for n, t in tensors.items()}
-    grad_norm = optimizer.step(grads)
-    update = math.sqrt(sum(float((tensors[n] - before[n]).double().pow(2).sum()) for n in names))
-    out = {n: tensors[n].to(parent_tensors[n].dtype) for n in names}
-    return ShardResult(shard, len(subs), out, optimizer.state_bytes(), list(stats.trimmed_fractions),
+    with phase("aggregate"):
+        rows = torch.zeros((len(subs), sum(widths)), dtype=torch.float32)
+        for r, sub in enumerate(subs):
+            col = 0
+            for n, width in zip(names, widths, strict=True):
+                mask = masks_by_version[sub.model_version][n]
+                values = torch.from_numpy(np.ascontiguousarray(sub.values[shard][n], dtype=np.float32))
+                if values.numel() != mask.numel():
+                    raise ModelError(f"commit {sub.commit_id}: {n} has {values.numel()} values for a mask of {mask.numel()}")
+                pos = torch.searchsorted(unions[n], mask)
+                rows[r, col + pos] = values
+                col += width
+        weights = torch.tensor([s.weight for s in subs], dtype=torch.float64)
+        agg, stats = aggregate(rows, weights, spec.rule)
+        grads: dict[str, torch.Tensor] = {}
+        for n, part in zip(names, torch.split(agg.to(torch.float32), widths), strict=True):
+            dense = torch.zeros(math.prod(tensors[n].shape), dtype=torch.float32)
+            dense[unions[n]] = part
+            grads[n] = dense.view(tensors[n].shape)
+    with phase("optimizer"):
+        optimizer = ShardAdamW(tensors, spec.optimizer)
+        if parent_state is not None:
+            optimizer.load_state_bytes(parent_state)
+        before = {n: t.clone() for n, t in tensors.items()}
+        grad_norm = optimizer.step(grads)
+        update = math.sqrt(sum(float((tensors[n] - before[n]).double().pow(2).sum()) for n in names))
+        out = {n: tensors[n].to(parent_tensors[n].dtype) for n in names}
+        state_bytes = optimizer.state_bytes()
+    return ShardResult(shard, len(subs), out, state_bytes, list(stats.trimmed_fractions),
                        stats.clipped, update, grad_norm)
 
 

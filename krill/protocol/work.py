@@ -31,6 +31,7 @@ from krill.payload.gradient import GradientShard
 from krill.payload.header import HeaderBody, SignedHeader
 from krill.payload.header import SamplingParams as WireSampling
 from krill.payload.rollout import RolloutBatch
+from krill.phases import phase
 from krill.protocol.spec import RunSpec, VerifySpec
 from krill.protocol.state import VersionState
 from krill.rl.advantages import group_advantages
@@ -89,8 +90,10 @@ def sample(spec: RunSpec, task, tokenizer, engine, worker: str, nonce: int) -> S
     version = int(engine.version)
     indices, prompts, metas = assigned_prompts(spec, task, tokenizer, worker, version, nonce)
     seed = derived_seed(spec, b"sampling", worker, version, nonce)
-    rollouts = engine.generate(prompts, sampling_params(spec, task), seed)
-    rewards = compute_rewards(spec, task, tokenizer, rollouts, metas)
+    with phase("rollout"):
+        rollouts = engine.generate(prompts, sampling_params(spec, task), seed)
+    with phase("reward"):
+        rewards = compute_rewards(spec, task, tokenizer, rollouts, metas)
     return Sampled(version, nonce, indices, rollouts, rewards, time.perf_counter() - started)
 
 
@@ -119,7 +122,8 @@ class Learned:
 def learn(spec: RunSpec, learner: torch.nn.Module, learner_state: VersionState, sampled: Sampled,
           shards: list[int], pad_id: int) -> Learned:
     started = time.perf_counter()
-    values = gradient_values(spec, learner, learner_state, sampled.rollouts, sampled.rewards, shards, pad_id)
+    with phase("gradient"):
+        values = gradient_values(spec, learner, learner_state, sampled.rollouts, sampled.rewards, shards, pad_id)
     return Learned(learner_state.version, values, time.perf_counter() - started)
 
 
