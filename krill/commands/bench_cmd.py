@@ -11,10 +11,15 @@ import click
 from krill.cli import LazyGroup
 
 BENCHMARKS = {
+    "aggregate": "krill.commands.bench_aggregate:aggregate",
+    "compression": "krill.commands.bench_compression:compression",
     "gas": "krill.commands.bench_gas:gas",
+    "protocol": "krill.commands.bench_protocol:protocol",
     "robustness": "krill.commands.bench_robustness:robustness",
     "rl": "krill.commands.bench_rl:rl",
+    "scale": "krill.commands.bench_scale:scale",
     "store": "krill.commands.bench_store:store",
+    "verify": "krill.commands.bench_verify:verify",
 }
 
 

@@ -39,7 +39,7 @@ class DemoConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int = Field(4, ge=1, le=16, description="Worker processes.")
+    workers: int = Field(4, ge=1, le=32, description="Worker processes (up to 32: `krill bench scale`).")
     adversaries: int = Field(1, ge=0, le=16, description="How many of the workers attack (the last ones).")
     attacks: list[str] = Field(default_factory=lambda: ["forge-rewards"], min_length=1,
                                description="Strategies of the adversaries, in turn (see `krill worker run --behavior`).")
@@ -121,12 +121,12 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
         model_dir = ensure_base_model(progress=lambda step, loss, acc: echo(
             f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
-    with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log") as node, \
+    n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers
+    with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log", accounts=max(20, n)) as node, \
             ProcessGroup(workdir / "logs", env) as procs:
         run.rpc_url = node.rpc_url
-        deployment = provision(node.rpc_url)
+        deployment = provision(node.rpc_url, accounts=max(20, n))
         echo(f"chain {node.rpc_url} (Anvil pid {node.pid}); KrillProtocol {deployment.protocol}")
-        n = 1 + config.workers + config.verifiers
         accounts = dev_accounts(n)
         roles = [("coordinator", "coordinator")] + [("worker", f"worker-{i}") for i in range(config.workers)] + \
                 [("verifier", f"verifier-{i}") for i in range(config.verifiers)]

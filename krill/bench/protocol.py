@@ -1,0 +1,274 @@
+"""`krill bench protocol`: where a worker's and the coordinator's wall time goes, and the protocol's share.
+
+Design decisions:
+- Measured on the protocol itself: a `krill demo` run (`krill.bench.demo_probe`: Anvil, local
+  store, SQLite, coordinator, honest workers and a verifier as separate processes). The roles
+  record their own phases (`krill.phases`): each worker's outcome log holds, per contribution,
+  rollout generation, reward, gradient, compression, rollout serialisation, hashing, signing, the
+  durable save, the fetch of new versions' shards, the upload and the commit transaction with its
+  receipt wait; the coordinator's metrics row of each version holds its index sync, ingest (store
+  fetch, validation, cheap replay), close, publish (aggregation, optimizer, storing the content,
+  the publish transaction), settle, slash and eval time since the previous version.
+- Each worker's first contribution is left out of the breakdown (reported on its own as start-up):
+  it loads the model, the tokenizer and the task for the first time.
+- A worker's waiting is the gap between the end of one contribution and the start of the next
+  (the per-version cap: a worker that has its share of a version waits for the next one; stake
+  checks; back-off), from the log's end times and durations. Its first contribution has no gap.
+- Protocol overhead = what a worker spends beyond the RL work (rollout generation, reward,
+  gradient), as a share of its busy time (waiting excluded, reported on its own): compression,
+  serialisation, hashing and signing, the durable state (nonce reservation, signed bytes), the
+  model fetch, upload, chain transaction and confirmation, chain reads (latest version, commit
+  lookup) and the rest ('other': bookkeeping between phases). Target: under 5%.
+- Sizes: `tiny` (CI smoke: a tiny random model, 2 workers, under a minute of training) and
+  `default` (the default base model, 4 workers, 4 minutes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from krill.bench.demo_probe import (
+    DemoResult,
+    metric_rows,
+    model_dir,
+    run_probed_demo,
+    temporary_workdir,
+    worker_records,
+)
+from krill.bench.report import fmt, machine_line, pyplot, save, started
+
+SIZES: dict[str, dict] = {
+    "tiny": {"model": "tiny", "workers": 2, "verifiers": 1, "minutes": 0.75,
+             "spec": {"version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 20}},
+    "default": {"model": "base", "workers": 4, "verifiers": 1, "minutes": 4.0, "spec": {}},
+}
+TARGET_OVERHEAD_PCT = 5.0
+
+# (key, label, is RL work)
+WORKER_PARTS: tuple[tuple[str, str, bool], ...] = (
+    ("rollout", "rollout generation", True),
+    ("reward", "reward", True),
+    ("gradient", "gradient", True),
+    ("compress", "compression (gradient codec)", False),
+    ("encode_rollouts", "rollout serialisation", False),
+    ("hash_sign", "hashing and signing", False),
+    ("save", "durable state: nonce, signed bytes (fsync)", False),
+    ("fetch_version", "model fetch (new versions' shards)", False),
+    ("upload", "store upload", False),
+    ("chain_tx", "chain transaction (estimate, sign, send)", False),
+    ("chain_confirm", "chain confirmation (receipt)", False),
+    ("chain_read", "chain reads (latest version, commit lookup)", False),
+    ("other", "other (bookkeeping)", False),
+)
+# Coordinator phases: (key, label); `ingest` and `publish` are split into their parts plus a rest.
+COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
+    ("fetch", "fetch contributions (store)"),
+    ("validate", "validate (header, signature, files, tensors)"),
+    ("replay", "cheap replay (assignment, rewards)"),
+    ("ingest_other", "ingest bookkeeping (database)"),
+    ("close", "close (weigh, journal)"),
+    ("aggregate", "aggregate (robust rule)"),
+    ("optimizer", "optimizer (AdamW)"),
+    ("store", "store new shards, manifest, record"),
+    ("publish_tx", "publish transaction"),
+    ("publish_other", "publish: parent load, masks"),
+    ("settle", "settle rewards (transaction)"),
+    ("index", "index sync (chain events)"),
+    ("slash", "slash check"),
+    ("eval", "evaluation (not protocol)"),
+)
+
+
+def worker_parts(record: dict) -> dict[str, float]:
+    """One committed contribution's seconds per part of `WORKER_PARTS`."""
+    p, s = record.get("phases") or {}, record.get("seconds") or {}
+    parts = {"rollout": p.get("rollout", 0.0), "reward": p.get("reward", 0.0), "gradient": p.get("gradient", 0.0),
+             "compress": p.get("compress", 0.0), "encode_rollouts": p.get("encode_rollouts", 0.0),
+             "hash_sign": p.get("hash", 0.0) + p.get("sign", 0.0), "save": p.get("save", 0.0),
+             "fetch_version": p.get("fetch_version", 0.0), "upload": s.get("upload", 0.0),
+             "chain_confirm": p.get("chain_confirm", 0.0), "chain_read": p.get("chain_read", 0.0)}
+    parts["chain_tx"] = max(0.0, s.get("commit", 0.0) - parts["chain_confirm"])
+    parts["other"] = max(0.0, s.get("total", 0.0) - sum(parts.values()))
+    return parts
+
+
+def waiting_gaps(records: list[dict]) -> dict[int, float]:
+    """Per record index: seconds the worker spent between its previous contribution and this one."""
+    gaps: dict[int, float] = {}
+    by_worker: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_worker.setdefault(r["worker"], []).append(i)
+    for indices in by_worker.values():
+        indices.sort(key=lambda i: records[i]["time"])
+        for prev, cur in zip(indices, indices[1:], strict=False):
+            r = records[cur]
+            gaps[cur] = max(0.0, r["time"] - r["seconds"].get("total", 0.0) - records[prev]["time"])
+    return gaps
+
+
+def worker_breakdown(records: list[dict]) -> dict:
+    """Totals, shares and per-contribution medians of the worker parts, waiting, and the protocol overhead."""
+    records = [r for r in records if not r.get("resumed")]
+    gaps = waiting_gaps(records)
+    first = {min((i for i, r in enumerate(records) if r["worker"] == w), key=lambda i: records[i]["time"])
+             for w in {r["worker"] for r in records}}
+    committed = [i for i, r in enumerate(records)
+                 if r["status"] == "committed" and r.get("phases") and i not in first]
+    per = {i: worker_parts(records[i]) for i in committed}
+    busy = sum(records[i]["seconds"].get("total", 0.0) for i in committed)
+    dropped = sum(r["seconds"].get("total", 0.0) for i, r in enumerate(records) if i not in per and i not in first)
+    startup = [records[i]["seconds"].get("total", 0.0) for i in first]
+    waiting = sum(gaps.values())
+    rows = []
+    for key, label, rl in WORKER_PARTS:
+        values = [per[i][key] for i in committed]
+        total = sum(values)
+        rows.append({"part": key, "label": label, "rl_work": rl, "seconds": total,
+                     "share_of_busy": total / busy if busy else None,
+                     "median_ms": 1000 * statistics.median(values) if values else None})
+    overhead = sum(row["seconds"] for row in rows if not row["rl_work"])
+    fetch = next(row["seconds"] for row in rows if row["part"] == "fetch_version")
+    wall = busy + dropped + waiting
+    return {"contributions": len(committed), "dropped": len(records) - len(committed) - len(first),
+            "first_contribution_seconds": statistics.median(startup) if startup else None,
+            "workers": len({r["worker"] for r in records}), "busy_seconds": busy, "dropped_seconds": dropped,
+            "waiting_seconds": waiting, "wall_seconds": wall, "parts": rows,
+            "median_contribution_ms": 1000 * statistics.median([records[i]["seconds"]["total"] for i in committed])
+            if committed else None,
+            "overhead_pct": 100 * overhead / busy if busy else None,
+            "overhead_pct_without_model_fetch": 100 * (overhead - fetch) / busy if busy else None,
+            "waiting_pct_of_wall": 100 * waiting / wall if wall else None,
+            "target_pct": TARGET_OVERHEAD_PCT,
+            "target_met": (100 * overhead / busy < TARGET_OVERHEAD_PCT) if busy else None}
+
+
+def coordinator_parts(row: dict) -> dict[str, float] | None:
+    """One version's coordinator seconds per part of `COORDINATOR_PARTS`, busy and wall (None without phases)."""
+    p = row.get("phases")
+    if not p:
+        return None
+    parts = {k: p.get(k, 0.0) for k in ("fetch", "validate", "replay", "close", "aggregate", "optimizer", "store",
+                                        "publish_tx", "settle", "index", "slash", "eval")}
+    parts["ingest_other"] = max(0.0, p.get("ingest", 0.0) - parts["fetch"] - parts["validate"] - parts["replay"])
+    parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
+                                 - parts["store"] - parts["publish_tx"])
+    busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "eval"))
+    return parts | {"busy": busy, "wall": float(row.get("wall_seconds") or 0.0), "accepted": row["accepted"]}
+
+
+def coordinator_breakdown(rows: list[dict]) -> dict:
+    """Per-version medians and means of the coordinator parts (version 1 left out: it carries start-up)."""
+    per = [(r["version"], coordinator_parts(r)) for r in rows]
+    per = [(v, x) for v, x in per if x is not None and v > 1] or [(v, x) for v, x in per if x is not None]
+    out = []
+    for key, label in (*COORDINATOR_PARTS, ("busy", "busy (all phases)"), ("wall", "wall time per version")):
+        values = [x[key] for _, x in per]
+        out.append({"part": key, "label": label, "median_ms": 1000 * statistics.median(values) if values else None,
+                    "mean_ms": 1000 * statistics.fmean(values) if values else None})
+    kept = {v for v, _ in per}
+
+    def median_of(key: str) -> float | None:
+        values = [r[key] for r in rows if r["version"] in kept and r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    return {"versions": len(per), "parts": out,
+            "accepted_per_version": statistics.fmean([x["accepted"] for _, x in per]) if per else None,
+            "bytes_received_per_version": median_of("bytes_received"),
+            "bytes_published_per_version": median_of("bytes_published")}
+
+
+def analyse(demo: DemoResult) -> dict:
+    records = worker_records(demo)
+    return {"worker": worker_breakdown(records), "coordinator": coordinator_breakdown(metric_rows(demo)),
+            "demo": {"versions": demo.summary["versions"], "train_seconds": demo.summary.get("train_seconds"),
+                     "wall_seconds": round(demo.seconds, 1), "verifications": demo.summary.get("verifications")}}
+
+
+def run_protocol(size: str = "default", echo: Callable[[str], None] = print, keep: Path | None = None) -> dict:
+    """Run the demo of `size` and break down the worker's and the coordinator's wall time."""
+    from krill.demo.orchestrate import DemoConfig
+
+    s = SIZES[size]
+    result = started(size)
+    t0 = time.perf_counter()
+    with temporary_workdir(keep, "krill-bench-protocol-") as tmp:
+        root = Path(tmp)
+        model = model_dir(s["model"], root)
+        config = DemoConfig(workers=s["workers"], adversaries=0, verifiers=s["verifiers"], minutes=s["minutes"],
+                            shards=2, eval_every=1000, spec_overrides=s["spec"], model_dir=model, release=False,
+                            explorer_port=None, audit_last=0)
+        echo(f"protocol: demo with {s['workers']} honest workers, {s['verifiers']} verifier(s), "
+             f"{s['minutes']} min of training on the {s['model']} model ...")
+        demo = run_probed_demo(config, root / "demo", echo=lambda line: echo(f"  {line}"))
+        result.update(analyse(demo))
+    result["settings"] = {**s, "model_dir": str(model) if s["model"] == "base" else "tiny random Llama (hidden 32)",
+                          "check_probability": "demo default (0.1)", "shards": 2}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    w = result["worker"]
+    echo(f"protocol: {w['contributions']} contributions; overhead {fmt(w['overhead_pct'], 1)}% of busy worker time "
+         f"(target < {TARGET_OVERHEAD_PCT:g}%), waiting {fmt(w['waiting_pct_of_wall'], 1)}% of wall")
+    return result
+
+
+def markdown(r: dict) -> str:
+    w, c, s = r["worker"], r["coordinator"], r["settings"]
+    met = "met" if w["target_met"] else "missed" if w["target_met"] is not None else "not measured"
+    lines = [f"# krill bench protocol ({r['size']})", "", f"Machine: {machine_line(r)}.", "",
+             f"A `krill demo` run: {s['workers']} honest workers, {s['verifiers']} verifier (check probability "
+             f"{s['check_probability']}), {s['shards']} shards, model {s['model_dir']}, {s['minutes']} min of "
+             f"training: {r['demo']['versions']} versions, {w['contributions']} contributions committed "
+             f"({w['dropped']} dropped as stale).", "",
+             "## Worker: where the wall time goes", "",
+             f"Protocol overhead (everything beyond rollout generation, reward and gradient) = "
+             f"**{fmt(w['overhead_pct'], 1)}%** of busy worker time (target < {w['target_pct']:g}%: {met}); "
+             f"{fmt(w['overhead_pct_without_model_fetch'], 1)}% without the model fetch. Waiting (between "
+             f"contributions: the per-version cap, stake checks) is {fmt(w['waiting_pct_of_wall'], 1)}% of the "
+             f"workers' wall time. Median contribution: {fmt(w['median_contribution_ms'], 0)} ms; each worker's "
+             f"first one (loading model, tokenizer and task; left out below) took "
+             f"{fmt(w['first_contribution_seconds'], 1)} s (median).", "",
+             "| part | RL work | total s | share of busy time | median per contribution (ms) |",
+             "|---|---|---:|---:|---:|"]
+    for row in w["parts"]:
+        share = None if row["share_of_busy"] is None else 100 * row["share_of_busy"]
+        lines.append(f"| {row['label']} | {'yes' if row['rl_work'] else ''} | {fmt(row['seconds'], 2)} | "
+                     f"{fmt(share, 1, '%')} | {fmt(row['median_ms'], 1)} |")
+    lines += [f"| **busy (sum)** | | {fmt(w['busy_seconds'], 2)} | 100% | {fmt(w['median_contribution_ms'], 0)} |",
+              f"| waiting | | {fmt(w['waiting_seconds'], 2)} | ({fmt(w['waiting_pct_of_wall'], 1)}% of wall) | |",
+              f"| dropped work (stale) | | {fmt(w['dropped_seconds'], 2)} | | |", "",
+              f"## Coordinator: per version (median over {c['versions']} versions; "
+              f"{fmt(c['accepted_per_version'], 1)} contributions folded per version)", "",
+              "| part | median ms | mean ms |", "|---|---:|---:|"]
+    for row in c["parts"]:
+        lines.append(f"| {row['label']} | {fmt(row['median_ms'], 1)} | {fmt(row['mean_ms'], 1)} |")
+    received, published = c["bytes_received_per_version"], c["bytes_published_per_version"]
+    lines += ["", f"Bytes per version (median): received {fmt(received and received / 1e3, 1)} kB (the folded "
+              f"contributions), published {fmt(published and published / 1e3, 1)} kB (changed shards, optimizer "
+              "states, manifest, record).", "", f"Benchmark wall time: {r['seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(r: dict, stem: Path) -> list[Path]:
+    """Worker shares (stacked bar) and coordinator medians per version (bars)."""
+    plt = pyplot()
+    w, c = r["worker"], r["coordinator"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    left = 0.0
+    for row in w["parts"]:
+        share = 100 * (row["share_of_busy"] or 0.0)
+        a1.barh([0], [share], left=left, label=row["label"], hatch=None if row["rl_work"] else "//")
+        left += share
+    a1.set_xlim(0, 100)
+    a1.set_yticks([])
+    a1.set_xlabel("% of busy worker time (hatched: protocol overhead)")
+    a1.set_title(f"worker: overhead {fmt(w['overhead_pct'], 1)}% (target < {w['target_pct']:g}%)")
+    a1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    parts = [row for row in c["parts"] if row["part"] not in ("busy", "wall")]
+    a2.barh([row["label"] for row in parts], [row["median_ms"] or 0.0 for row in parts])
+    a2.invert_yaxis()
+    a2.set_xlabel("median ms per version")
+    a2.set_title("coordinator per version")
+    a2.tick_params(axis="y", labelsize=7)
+    return [save(fig, stem.with_suffix(".png"))]

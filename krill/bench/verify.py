@@ -1,0 +1,172 @@
+"""`krill bench verify`: a verifier's cost per checked contribution against the worker's cost to make it.
+
+Design decisions:
+- Measured on the protocol: a `krill demo` run (`krill.bench.demo_probe`) with honest workers and
+  one verifier that checks every commit (check probability 1), so each commit's evidence
+  document exists. The evidence holds the wall time of each replay stage (`ms`: signature,
+  payload, assignment, rewards, resample, gradient; `verifier/replay.py`), and the worker's
+  outcome log holds what the same contribution cost to produce (sample + learn + package, with
+  their phases); the two are joined by the header digest.
+- Cost ratio per stage = stage time / the worker's production time of that contribution; the
+  table gives the median over checked commits. The replay checks (assignment, rewards, resample,
+  gradient: the ones that redo the worker's work) have a target of under 10%. The expected cost
+  per commit of a verifier that checks with probability p is p times the per-check figure, given
+  at the run spec's default p and the demo's.
+- A verifier loads each version it replays once (cached): the version's state is fetched before
+  the stages, and the model is built inside the first resample (behaviour version) or gradient
+  (learner version) stage that needs it. That once-per-version cost shows in the means; the
+  medians are the steady state per check. The worker's own version fetch is likewise outside its
+  production time.
+- Sizes: `tiny` (CI smoke: a tiny random model, 2 workers, under a minute of training) and
+  `default` (the default base model, 2 workers, 4 minutes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from krill.bench.demo_probe import (
+    DemoResult,
+    evidence_rows,
+    model_dir,
+    run_probed_demo,
+    temporary_workdir,
+    worker_records,
+)
+from krill.bench.report import fmt, machine_line, pyplot, save, started
+
+SIZES: dict[str, dict] = {
+    "tiny": {"model": "tiny", "workers": 2, "minutes": 0.75,
+             "spec": {"version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 20}},
+    "default": {"model": "base", "workers": 2, "minutes": 4.0, "spec": {}},
+}
+STAGES = ("signature", "payload", "assignment", "rewards", "resample", "gradient")
+REPLAY = ("assignment", "rewards", "resample", "gradient")
+TARGET_REPLAY_PCT = 10.0
+# The worker phase each replay stage redoes (for the like-for-like column).
+COUNTERPART = {"rewards": "reward", "resample": "rollout", "gradient": "gradient"}
+
+
+def production_seconds(record: dict) -> float:
+    """What a contribution cost its worker to produce: sample + learn + package (not upload or commit)."""
+    s = record["seconds"]
+    return s.get("sample", 0.0) + s.get("learn", 0.0) + s.get("package", 0.0)
+
+
+def pairs(evidence: list[dict], records: list[dict]) -> list[dict]:
+    """Each passed check joined with its contribution's worker record (by header digest)."""
+    by_digest = {r["digest"]: r for r in records if r.get("digest") and r["status"] == "committed"
+                 and not r.get("resumed")}
+    out = []
+    for e in evidence:
+        record = by_digest.get(e["digest"])
+        if record is None or not e["ok"]:
+            continue
+        ms = {c["name"]: c["ms"] for c in e["checks"]}
+        out.append({"commit_id": e["commit_id"], "stages_ms": ms, "worker_ms": 1000 * production_seconds(record),
+                    "worker_phases_ms": {k: 1000 * v for k, v in (record.get("phases") or {}).items()},
+                    "gradient_shards": len([c for c in e["checks"] if c["name"] == "gradient"])})
+    return out
+
+
+def stage_table(joined: list[dict]) -> list[dict]:
+    """Per stage (and replay / all): median ms, median share of the worker's production time."""
+    rows = []
+    for name, members in [*((s, (s,)) for s in STAGES), ("replay checks", REPLAY), ("all checks", STAGES)]:
+        ms = [sum(p["stages_ms"].get(m, 0) for m in members) for p in joined]
+        ratio = [100 * sum(p["stages_ms"].get(m, 0) for m in members) / p["worker_ms"] for p in joined if p["worker_ms"]]
+        worker = COUNTERPART.get(name)
+        counterpart = [p["worker_phases_ms"].get(worker) for p in joined if worker] if worker else []
+        counterpart = [x for x in counterpart if x is not None]
+        rows.append({"stage": name, "median_ms": statistics.median(ms) if ms else None,
+                     "mean_ms": statistics.fmean(ms) if ms else None,
+                     "median_pct_of_worker": statistics.median(ratio) if ratio else None,
+                     "worker_counterpart": worker,
+                     "worker_counterpart_median_ms": statistics.median(counterpart) if counterpart else None})
+    return rows
+
+
+def analyse(demo: DemoResult, check_probabilities: tuple[float, ...] = (0.1, 0.25)) -> dict:
+    evidence = evidence_rows(demo)
+    joined = pairs(evidence, worker_records(demo))
+    table = stage_table(joined)
+    replay = next(r for r in table if r["stage"] == "replay checks")["median_pct_of_worker"]
+    total = next(r for r in table if r["stage"] == "all checks")["median_pct_of_worker"]
+    return {"checked": len(evidence), "failed": sum(not e["ok"] for e in evidence), "joined": len(joined),
+            "worker_production_median_ms": statistics.median([p["worker_ms"] for p in joined]) if joined else None,
+            "stages": table, "replay_pct": replay, "all_pct": total,
+            "target_pct": TARGET_REPLAY_PCT, "target_met": None if replay is None else replay < TARGET_REPLAY_PCT,
+            "amortised": [{"p": p, "replay_pct_per_commit": None if replay is None else p * replay,
+                           "all_pct_per_commit": None if total is None else p * total} for p in check_probabilities],
+            "demo": {"versions": demo.summary["versions"], "train_seconds": demo.summary.get("train_seconds"),
+                     "wall_seconds": round(demo.seconds, 1)}}
+
+
+def run_verify(size: str = "default", echo: Callable[[str], None] = print, keep: Path | None = None) -> dict:
+    """Run the demo of `size` with a verifier checking every commit; compare costs per stage."""
+    from krill.demo.orchestrate import DemoConfig
+
+    s = SIZES[size]
+    result = started(size)
+    t0 = time.perf_counter()
+    spec = {**s["spec"], "chain": {"check_probability_ppm": 1_000_000}}
+    with temporary_workdir(keep, "krill-bench-verify-") as tmp:
+        root = Path(tmp)
+        model = model_dir(s["model"], root)
+        config = DemoConfig(workers=s["workers"], adversaries=0, verifiers=1, minutes=s["minutes"], shards=2,
+                            eval_every=1000, spec_overrides=spec, model_dir=model, release=False, explorer_port=None,
+                            audit_last=0)
+        echo(f"verify: demo with {s['workers']} honest workers and a verifier checking every commit, "
+             f"{s['minutes']} min on the {s['model']} model ...")
+        demo = run_probed_demo(config, root / "demo", echo=lambda line: echo(f"  {line}"))
+        result.update(analyse(demo))
+    result["settings"] = {**s, "model_dir": str(model) if s["model"] == "base" else "tiny random Llama (hidden 32)",
+                          "shards": 2, "verifiers": 1, "check_probability": 1.0}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    echo(f"verify: {result['joined']} checked contributions; replay checks {fmt(result['replay_pct'], 1)}% of the "
+         f"worker's cost (target < {TARGET_REPLAY_PCT:g}%), all checks {fmt(result['all_pct'], 1)}%")
+    return result
+
+
+def markdown(r: dict) -> str:
+    s = r["settings"]
+    met = "met" if r["target_met"] else "missed" if r["target_met"] is not None else "not measured"
+    lines = [f"# krill bench verify ({r['size']})", "", f"Machine: {machine_line(r)}.", "",
+             f"A `krill demo` run: {s['workers']} honest workers, one verifier checking every commit (p = 1), "
+             f"{s['shards']} shards, model {s['model_dir']}, {s['minutes']} min of training: "
+             f"{r['demo']['versions']} versions, {r['checked']} commits checked ({r['failed']} failed), "
+             f"{r['joined']} joined with the worker's log. Worker production (sample + learn + package), median: "
+             f"{fmt(r['worker_production_median_ms'], 0)} ms.", "",
+             f"Replay checks per checked contribution = **{fmt(r['replay_pct'], 1)}%** of the worker's cost to "
+             f"produce it (target < {r['target_pct']:g}%: {met}); all checks {fmt(r['all_pct'], 1)}%.", "",
+             "| stage | median ms | mean ms | median % of the worker's production | worker phase it redoes | "
+             "that phase, median ms |", "|---|---:|---:|---:|---|---:|"]
+    for row in r["stages"]:
+        lines.append(f"| {row['stage']} | {fmt(row['median_ms'], 0)} | {fmt(row['mean_ms'], 1)} | "
+                     f"{fmt(row['median_pct_of_worker'], 1, '%')} | {row['worker_counterpart'] or ''} | "
+                     f"{fmt(row['worker_counterpart_median_ms'], 1)} |")
+    lines += ["", "Expected verifier cost per commit (not per check) at check probability p:", "",
+              "| p | replay checks | all checks |", "|---:|---:|---:|"]
+    for a in r["amortised"]:
+        lines.append(f"| {a['p']:g} | {fmt(a['replay_pct_per_commit'], 1, '%')} | {fmt(a['all_pct_per_commit'], 1, '%')} |")
+    lines += ["", "Building a version's model (once per version, cached) falls into the first resample or gradient "
+              "stage that needs it: it shows in the means; the medians are the steady state.", "",
+              f"Benchmark wall time: {r['seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(r: dict, stem: Path) -> list[Path]:
+    """Median % of the worker's production cost per check stage, with the 10% target line."""
+    plt = pyplot()
+    rows = r["stages"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar([row["stage"] for row in rows], [row["median_pct_of_worker"] or 0.0 for row in rows])
+    ax.axhline(r["target_pct"], color="red", linestyle="--", label=f"target for the replay checks ({r['target_pct']:g}%)")
+    ax.set_ylabel("median % of the worker's cost")
+    ax.set_title(f"verifier cost per checked contribution ({r['joined']} checks)")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.legend(fontsize=8)
+    return [save(fig, stem.with_suffix(".png"))]

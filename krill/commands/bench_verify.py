@@ -1,0 +1,36 @@
+"""`krill bench verify`: a verifier's cost per checked contribution against the worker's cost, per check stage.
+
+Design decisions:
+- The command picks a size, runs `krill.bench.verify` (a demo run with a verifier checking every
+  commit) and writes `verify.json`, `verify.md` and `verify.png` under `--out`
+  (`verify-tiny.*` for `--tiny`, so a smoke run never overwrites the committed results).
+- Progress goes one line at a time; with `--json` to stderr, and stdout carries only the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command("verify")
+@click.option("--tiny", is_flag=True, help="A smoke size: tiny random model, 2 workers, 45 s of training.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              show_default=True, help="Directory for verify.json, verify.md and verify.png.")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run the demo in this directory and keep it (default: a temporary one, removed).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (progress goes to stderr).")
+def verify(tiny: bool, out_dir: Path, keep: Path | None, as_json: bool) -> None:
+    """Verifier time per check stage against the worker's time to produce the contribution."""
+    from krill.bench.report import write
+    from krill.bench.verify import markdown, plots, run_verify
+
+    result = run_verify("tiny" if tiny else "default", lambda line: click.echo(line, err=as_json), keep)
+    text, paths = write(result, out_dir, "verify", markdown, plots)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    click.echo(text)
+    click.echo("wrote " + ", ".join(map(str, paths)))
