@@ -4,7 +4,9 @@ Design decisions:
 - Timing reuses `krill.bench.robustness_inproc.aggregation_timing` (seeded Gaussian rows [n, d],
   unit weights, median of repeats within a time budget, cells above a memory cap skipped), so the
   two benchmarks measure the same thing the same way; this one covers shard sizes up to 8M
-  parameters for n in {8, 16, 64} submissions.
+  parameters for n in {8, 16, 64} submissions, on one torch thread: the coordinator's default
+  (`coordinator.threads`), and on a shared machine two threads that wait on each other make
+  small cells noisy.
 - Agreement: Krill's trimmed mean and median against two independent implementations on random
   inputs (Gaussian, heavy-tailed Student-t with 1 degree of freedom, and many ties: integers 0..4),
   unit weights, n odd and even. References: ByzFL's `TrMean(f)` and `Median` (the `bench` extra,
@@ -36,9 +38,9 @@ from krill.bench.report import machine_line, pyplot, save, started
 
 SIZES: dict[str, dict] = {
     "tiny": {"timing_ns": (8, 16), "timing_ds": (4096,), "timing_max_elements": 1 << 20, "timing_repeats": 1,
-             "timing_budget_s": 1.0, "agreement_ns": (7, 8), "agreement_d": 1000, "trials": 2},
+             "timing_budget_s": 1.0, "threads": 1, "agreement_ns": (7, 8), "agreement_d": 1000, "trials": 2},
     "default": {"timing_ns": (8, 16, 64), "timing_ds": (1 << 16, 1 << 20, 1 << 22, 1 << 23),
-                "timing_max_elements": 1 << 26, "timing_repeats": 3, "timing_budget_s": 10.0,
+                "timing_max_elements": 1 << 26, "timing_repeats": 3, "timing_budget_s": 10.0, "threads": 1,
                 "agreement_ns": (7, 8, 9, 16, 63, 64), "agreement_d": 20_000, "trials": 5},
 }
 TOLERANCE = 1e-6
@@ -129,10 +131,15 @@ def run_aggregate(size: str = "default", echo: Callable[[str], None] = print) ->
 
     s = SIZES[size]
     result = started(size)
-    result["settings"] = dict(s) | {"tolerance": TOLERANCE, "torch_threads": torch.get_num_threads()}
+    result["settings"] = dict(s) | {"tolerance": TOLERANCE, "torch_threads": s["threads"]}
     t0 = time.perf_counter()
     grid = dataclasses.replace(GRID["default"], **{k: v for k, v in s.items() if k.startswith("timing_")})
-    result["timing"] = aggregation_timing(grid, echo)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(s["threads"])
+    try:
+        result["timing"] = aggregation_timing(grid, echo)
+    finally:
+        torch.set_num_threads(threads)
     t1 = time.perf_counter()
     byzfl, note = byzfl_aggregators()
     echo(f"agreement: {note}")

@@ -1,0 +1,64 @@
+"""Issue 8's demo-based benchmarks at their tiny size: protocol, verify and scale (Anvil, real processes).
+
+Each runs a `krill demo` of under a minute of training on a tiny random model (about 80 s with
+set-up on 2 cores), so the module is marked slow; the figures come from the default-size runs.
+The in-process benchmarks and the analyses are tested in tests/unit/bench/test_bench_protocol_suite.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from krill.commands.bench_cmd import bench
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+
+def _run(tmp_path, name: str) -> dict:
+    result = CliRunner().invoke(bench, [name, "--tiny", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for suffix in (".json", ".md", ".png"):
+        assert (tmp_path / f"{name}-tiny{suffix}").stat().st_size > 0
+    data = json.loads((tmp_path / f"{name}-tiny.json").read_text())
+    assert data["machine"]["cpu_count"] >= 1 and len(data["loadavg_start"]) == len(data["loadavg_end"]) == 3
+    return data
+
+
+def test_protocol_tiny_breaks_down_worker_and_coordinator_time(tmp_path):
+    data = _run(tmp_path, "protocol")
+    w, c = data["worker"], data["coordinator"]
+    assert w["contributions"] >= 2 and w["busy_seconds"] > 0 and w["waiting_seconds"] >= 0
+    parts = {row["part"]: row for row in w["parts"]}
+    for part in ("rollout", "reward", "gradient", "compress", "hash_sign", "upload", "chain_tx", "chain_confirm"):
+        assert parts[part]["seconds"] > 0, part
+    assert sum(row["seconds"] for row in w["parts"]) == pytest.approx(w["busy_seconds"], rel=1e-6)
+    assert 0 < w["overhead_pct"] < 100 and isinstance(w["target_met"], bool)
+    assert c["versions"] >= 1
+    medians = {row["part"]: row["median_ms"] for row in c["parts"]}
+    for part in ("fetch", "validate", "aggregate", "optimizer", "store", "publish_tx", "wall"):
+        assert medians[part] is not None and medians[part] > 0, part
+    assert c["bytes_received_per_version"] > 0 and c["bytes_published_per_version"] > 0
+
+
+def test_verify_tiny_compares_every_check_stage_with_the_workers_cost(tmp_path):
+    data = _run(tmp_path, "verify")
+    assert data["checked"] >= 1 and data["failed"] == 0 and data["joined"] >= 1
+    stages = {row["stage"]: row for row in data["stages"]}
+    for stage in ("signature", "payload", "assignment", "rewards", "resample", "gradient", "replay checks"):
+        assert stages[stage]["median_ms"] is not None and stages[stage]["median_pct_of_worker"] is not None, stage
+    assert data["replay_pct"] > 0 and isinstance(data["target_met"], bool)
+    assert [a["p"] for a in data["amortised"]] == [0.1, 0.25]
+
+
+def test_scale_tiny_measures_throughput_lag_and_memory(tmp_path):
+    data = _run(tmp_path, "scale")
+    (point,) = data["points"]
+    assert point["workers"] == 2 and point["accepted"] >= 1 and point["accepted_per_s"] > 0
+    assert point["coordinator_wall_s_per_version"] > 0 and point["index_lag_s_median"] is not None
+    memory = point["memory_mib"]
+    assert memory["worker"]["processes"] == 2 and memory["coordinator"]["max_mib"] > 50
+    assert memory["verifier"]["max_mib"] > 50
+    assert {g["figure"] for g in data["growth"]} >= {"accepted_per_s", "index_lag_s_median", "coordinator_mib"}

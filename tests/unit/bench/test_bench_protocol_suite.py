@@ -1,0 +1,128 @@
+"""Issue 8's benchmarks: the in-process ones at their tiny size, and the analyses of the demo-based ones.
+
+`krill bench aggregate --tiny` and `krill bench compression --tiny` run here in seconds; the
+demo-based ones (protocol, verify, scale) need Anvil and run in
+tests/integration/test_bench_protocol_suite.py. Their analyses are checked here on hand-made
+records with known answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from krill.bench.protocol import coordinator_parts, waiting_gaps, worker_breakdown, worker_parts
+from krill.bench.scale import growth
+from krill.bench.verify import pairs, stage_table
+from krill.commands.bench_cmd import bench
+
+
+def _machine_and_load(data: dict) -> None:
+    assert data["machine"]["cpu_count"] >= 1 and data["machine"]["date_utc"]
+    assert len(data["loadavg_start"]) == 3 and len(data["loadavg_end"]) == 3
+
+
+def _files(tmp_path, name: str) -> dict:
+    for suffix in (".json", ".md", ".png"):
+        assert (tmp_path / f"{name}-tiny{suffix}").stat().st_size > 0
+    return json.loads((tmp_path / f"{name}-tiny.json").read_text())
+
+
+def test_aggregate_tiny_times_every_rule_and_agrees_with_the_references(tmp_path):
+    result = CliRunner().invoke(bench, ["aggregate", "--tiny", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    data = _files(tmp_path, "aggregate")
+    assert json.loads(result.stdout) == data
+    _machine_and_load(data)
+    cells = {(row["n"], row["d"]) for row in data["timing"]}
+    assert cells == {(8, 4096), (16, 4096)}
+    for row in data["timing"]:
+        assert row["seconds"] > 0 and math.isfinite(row["vs_mean"])
+    assert {row["rule"] for row in data["timing"]} == {"mean", "median", "trimmed-mean", "clip-mix-trim",
+                                                        "centered-clipping"}
+    assert data["all_agree"] and {row["rule"] for row in data["agreement"]} == {"trimmed-mean", "median"}
+    for row in data["agreement"]:
+        assert row["vs_numpy"] <= 1e-6
+        if data["byzfl_used"] and not row["byzfl_differs_by_definition"]:
+            assert row["vs_byzfl"] <= 1e-6
+    # Even n: ByzFL's median averages the two middle values; Krill's is the lower one.
+    assert any(row["byzfl_differs_by_definition"] for row in data["agreement"] if row["n"] % 2 == 0)
+
+
+def test_compression_tiny_reports_wire_bytes_and_accuracy_per_setting(tmp_path):
+    result = CliRunner().invoke(bench, ["compression", "--tiny", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = _files(tmp_path, "compression")
+    _machine_and_load(data)
+    rows = {row["setting"]: row for row in data["rows"]}
+    default, dense = rows["int8, 25% mask (spec default)"], rows["fp16, dense"]
+    for row in rows.values():
+        assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["accuracy_at_budget"] <= 1.0
+        assert row["dense_fp32_bytes_per_contribution"] > row["bytes_per_contribution"] > 0
+        assert row["bytes_per_version"] == pytest.approx(data["settings"]["workers"] * row["bytes_per_contribution"])
+    # fp16 on every coordinate is half of fp32; int8 on a quarter of them is far less.
+    assert dense["gradient_ratio_vs_dense"] == pytest.approx(2.0, rel=0.05)
+    assert default["gradient_ratio_vs_dense"] > 6
+    assert data["budget_bytes"] == pytest.approx(default["bytes_per_version"] * data["settings"]["versions"])
+    assert dense["budget_version"] is not None and dense["budget_version"] < data["settings"]["versions"]
+
+
+def _record(worker, t, total, status="committed", **phases):
+    seconds = {"sample": phases.get("rollout", 0) + phases.get("reward", 0), "learn": phases.get("gradient", 0),
+               "package": 0.1, "upload": 0.05, "commit": 0.2, "total": total}
+    return {"worker": worker, "time": t, "status": status, "seconds": seconds, "phases": phases, "digest": f"{int(t):064d}"}
+
+
+def test_worker_breakdown_splits_phases_waiting_and_overhead():
+    records = [_record("a", 10.0, 5.0, rollout=4.0),  # first contribution: start-up, left out
+               _record("a", 14.0, 2.0, rollout=1.2, reward=0.1, gradient=0.3, compress=0.05, hash=0.02, sign=0.01,
+                       chain_confirm=0.05),
+               _record("a", 20.0, 2.0, rollout=1.2, reward=0.1, gradient=0.3, compress=0.05, hash=0.02, sign=0.01,
+                       chain_confirm=0.05)]
+    assert waiting_gaps(records) == {1: pytest.approx(2.0), 2: pytest.approx(4.0)}
+    parts = worker_parts(records[1])
+    assert parts["hash_sign"] == pytest.approx(0.03) and parts["chain_tx"] == pytest.approx(0.15)
+    assert sum(parts.values()) == pytest.approx(2.0)
+    w = worker_breakdown(records)
+    assert w["contributions"] == 2 and w["first_contribution_seconds"] == 5.0
+    assert w["busy_seconds"] == pytest.approx(4.0) and w["waiting_seconds"] == pytest.approx(6.0)
+    assert w["overhead_pct"] == pytest.approx(100 * (2.0 - 1.6) / 2.0)
+    assert w["target_met"] is False
+
+
+def test_coordinator_parts_split_ingest_and_publish():
+    row = {"version": 2, "accepted": 4, "wall_seconds": 3.0,
+           "phases": {"index": 0.1, "ingest": 0.5, "fetch": 0.1, "validate": 0.2, "replay": 0.1, "close": 0.05,
+                      "publish": 0.6, "aggregate": 0.2, "optimizer": 0.1, "store": 0.1, "publish_tx": 0.1,
+                      "settle": 0.1}}
+    parts = coordinator_parts(row)
+    assert parts["ingest_other"] == pytest.approx(0.1) and parts["publish_other"] == pytest.approx(0.1)
+    assert parts["busy"] == pytest.approx(1.35) and parts["wall"] == 3.0
+    assert coordinator_parts({"version": 3, "accepted": 1}) is None
+
+
+def test_verify_stages_are_joined_to_the_workers_cost_by_digest():
+    records = [_record("a", 1.0, 2.0, rollout=1.0, gradient=0.4)]
+    evidence = [{"commit_id": 1, "digest": records[0]["digest"], "ok": True,
+                 "checks": [{"name": n, "ms": ms} for n, ms in (("signature", 1), ("payload", 5), ("assignment", 2),
+                                                               ("rewards", 3), ("resample", 100), ("gradient", 40))]},
+                {"commit_id": 2, "digest": "f" * 64, "ok": True, "checks": []}]
+    joined = pairs(evidence, records)
+    assert len(joined) == 1 and joined[0]["worker_ms"] == pytest.approx(1500.0)
+    table = {row["stage"]: row for row in stage_table(joined)}
+    assert table["replay checks"]["median_ms"] == 145
+    assert table["replay checks"]["median_pct_of_worker"] == pytest.approx(100 * 145 / 1500)
+    assert table["resample"]["worker_counterpart_median_ms"] == pytest.approx(1000.0)
+
+
+def test_growth_exponents_read_flat_and_linear():
+    points = [{"workers": n, "accepted_per_s": 3.0, "coordinator_wall_s_per_version": 0.5 * n,
+               "memory_mib": {"worker": {"total_mib": 400.0 * n}}} for n in (4, 8, 16, 32)]
+    g = {row["figure"]: row for row in growth(points)}
+    assert g["accepted_per_s"]["reading"] == "flat" and g["accepted_per_s"]["exponent"] == pytest.approx(0.0)
+    assert g["coordinator_wall_s_per_version"]["reading"] == "linear"
+    assert g["worker_total_mib"]["exponent"] == pytest.approx(1.0)
+    assert g["index_lag_s_median"]["reading"] == "not enough points"
