@@ -11,13 +11,18 @@ Design decisions:
   older version has zeros where its mask did not reach). The robust rule runs on that space, the
   result is scattered to dense gradients, and the shard's AdamW takes one step.
 - A shard with no submission keeps its weights and optimizer state.
-- Threads: callers fix torch's thread count; reductions here run in fixed order (the rules
-  accumulate in float64), so results do not depend on it within a machine.
+- Threads: the fold runs with one torch thread whatever the caller set, and puts the caller's
+  count back. torch splits large reductions (norms, sums) across threads, so their last bits
+  depend on the thread count; a coordinator on 1 thread and an auditor on 2 then disagreed on
+  recorded statistics (seen in a demo's audit). One thread makes the result a function of the
+  inputs alone on a given machine and build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,9 +108,26 @@ def masks_by_version(states: dict[int, object]) -> dict[int, dict[str, torch.Ten
     return {v: state.masks() for v, state in states.items()}
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one torch thread; restore the caller's count afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def fold_version(spec: RunSpec, parent, submissions: list[Submission], learner_states: dict[int, object],
                  shards: list[int] | None = None) -> list[ShardResult]:
-    """Fold every (or the listed) shard of `parent` (a VersionState) with `submissions`."""
+    """Fold every (or the listed) shard of `parent` (a VersionState) with `submissions`, on one thread."""
+    with one_thread():
+        return _fold_version(spec, parent, submissions, learner_states, shards)
+
+
+def _fold_version(spec: RunSpec, parent, submissions: list[Submission], learner_states: dict[int, object],
+                  shards: list[int] | None) -> list[ShardResult]:
     masks = masks_by_version(learner_states)
     missing = {s.model_version for s in submissions} - set(masks)
     if missing:

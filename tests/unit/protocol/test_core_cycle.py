@@ -86,11 +86,20 @@ def test_fold_publish_reload_is_deterministic_and_moves_weights(tiny_run):
                                       model_version=0, behaviour_version=0, staleness=0, trust="0.5", weight="0.5",
                                       shards=[0, 1], mean_reward=repr(float(c.rollouts.rewards.mean())),
                                       tokens=int(c.rollouts.n_tokens)))
-    first = fold_version(spec, base, submissions, {0: base})
-    second = fold_version(spec, base, list(reversed(submissions)), {0: base})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        first = fold_version(spec, base, submissions, {0: base})
+        torch.set_num_threads(3)  # an auditor with other settings recomputes the same bits
+        second = fold_version(spec, base, list(reversed(submissions)), {0: base})
+        assert torch.get_num_threads() == 3  # the caller's setting is put back
+    finally:
+        torch.set_num_threads(threads)
     for a, b in zip(first, second, strict=True):
         assert a.optimizer_state == b.optimizer_state
         assert all(torch.equal(a.tensors[n], b.tensors[n]) for n in a.tensors)
+        assert (repr(a.update_norm), repr(a.grad_norm), a.trimmed_fractions) == \
+            (repr(b.update_norm), repr(b.grad_norm), b.trimmed_fractions)
     for r in first:
         moved = [n for n in r.tensors if not torch.equal(r.tensors[n], base.shard_tensors(r.shard)[n])]
         assert len(moved) >= len(r.tensors) - 1, sorted(set(r.tensors) - set(moved))
