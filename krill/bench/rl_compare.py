@@ -20,8 +20,8 @@ Design decisions:
   machine's load hit both sides alike; each run records the load average and the CPU time other
   processes used meanwhile (/proc/stat busy time minus this process's), so the output can say
   when the machine was shared.
-- Time to a target accuracy is the training time at the first checkpoint at or above it; the
-  median over seeds counts a run that never got there as slower than any that did (median
+- Time to a target accuracy is the training time at the first checkpoint at or above it (steps
+  to it likewise: learning per step, apart from the step rate); the median over seeds counts a run that never got there as slower than any that did (median
   "not reached" when most did not). The Krill/TRL ratios are ratios of medians.
 - One torch thread per run by default, for both sides: on a 2-core machine shared with other
   work, two OpenMP threads stall whenever another process takes a core (measured under the
@@ -178,6 +178,11 @@ def time_to(curve: list[list[float]], target: float) -> float | None:
     return next((t for _, t, _, acc in curve if acc >= target), None)
 
 
+def steps_to(curve: list[list[float]], target: float) -> int | None:
+    """Optimizer steps at the first checkpoint at or above `target` (None: never)."""
+    return next((int(step) for step, _, _, acc in curve if acc >= target), None)
+
+
 def _median(values: list[float | None]) -> float | None:
     m = statistics.median([math.inf if v is None else v for v in values]) if values else None
     return None if m is None or math.isinf(m) else m
@@ -201,6 +206,7 @@ def summarise(runs: list[dict], targets: tuple[float, ...]) -> dict:
             "final_accuracy": _median([r["final_accuracy"] for r in rs]),
             "base_accuracy": _median([r["base_accuracy"] for r in rs]),
             "time_to": {str(t): _median([time_to(r["curve"], t) for r in rs]) for t in targets},
+            "steps_to": {str(t): _median([steps_to(r["curve"], t) for r in rs]) for t in targets},
             "reached": {str(t): sum(time_to(r["curve"], t) is not None for r in rs) for t in targets},
         }
     if "krill" in out and "trl" in out:
@@ -210,6 +216,7 @@ def summarise(runs: list[dict], targets: tuple[float, ...]) -> dict:
             "steps_per_cpu_min": _ratio(k["steps_per_cpu_min"], t["steps_per_cpu_min"]),
             "final_accuracy": _ratio(k["final_accuracy"], t["final_accuracy"]),
             "time_to": {str(x): _ratio(k["time_to"][str(x)], t["time_to"][str(x)]) for x in targets},
+            "steps_to": {str(x): _ratio(k["steps_to"][str(x)], t["steps_to"][str(x)]) for x in targets},
         }
     return out
 

@@ -87,6 +87,11 @@ def markdown(r: dict) -> str:
                      f"({k['reached'][key]}/{k['runs']}) | {_num(tt)}"
                      + (f" ({t['reached'][key]}/{t['runs']})" if t else "")
                      + f" | {_num(ratio.get('time_to', {}).get(key), '{:.2f}')} |")
+    for target in s["targets"]:
+        key = str(target)
+        lines.append(f"| optimizer steps to {round(100 * target)}% | {_num(k['steps_to'][key])} | "
+                     f"{_num(t['steps_to'][key] if t else None)} | "
+                     f"{_num(ratio.get('steps_to', {}).get(key), '{:.2f}')} |")
     lines += [f"| accuracy (%) after {s['seconds']:.0f} s of training | {_pct(k['final_accuracy'])} | "
               f"{_pct(t and t['final_accuracy'])} | {_num(ratio.get('final_accuracy'), '{:.2f}')} |",
               f"| base accuracy (%) | {_pct(k['base_accuracy'])} | {_pct(t and t['base_accuracy'])} | |", ""]

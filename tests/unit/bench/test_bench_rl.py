@@ -28,6 +28,7 @@ def test_medians_count_unreached_targets_as_slowest_and_ratios_divide_medians():
     assert out["krill"]["reached"] == {"0.5": 2, "0.9": 0}
     assert out["trl"]["time_to"]["0.5"] == 20.0
     assert out["krill_over_trl"]["time_to"] == {"0.5": 2.0, "0.9": None}
+    assert out["krill"]["steps_to"]["0.5"] == 9 and out["krill_over_trl"]["steps_to"]["0.5"] == 1.0
     assert out["krill_over_trl"]["steps_per_min"] == 0.4
     assert math.isclose(out["krill_over_trl"]["final_accuracy"], 0.5 / 0.6)
     # Most runs not reaching a target: the median is "not reached", not the one run that did.
