@@ -222,29 +222,31 @@ def summarise(runs: list[dict], targets: tuple[float, ...]) -> dict:
 
 
 def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
-    """Time to each target in a finished `krill demo` from its database's coordinator metrics.
+    """Time to each target in a finished `krill demo`, from its database.
 
-    Per version the coordinator records the wall seconds since the previous publication and,
-    every `eval_every` versions, its greedy accuracy; the sum of the former up to the first
-    version at or above the target is the protocol's time to it (set-up excluded).
+    Per version the coordinator records the wall seconds since the previous publication
+    (`metrics`) and, every `eval_every` versions, its greedy accuracy (`evals`, version 0 being
+    the base model); the sum of the former up to the first evaluated version at or above the
+    target is the protocol's time to it (set-up excluded).
     """
     from sqlalchemy import create_engine, select
     from sqlalchemy.orm import Session
 
-    from krill.db.models import Metric
+    from krill.db.models import Eval, Metric
 
     engine = create_engine(f"sqlite:///{Path(db_path).resolve()}")
     try:
         with Session(engine) as s:
-            rows = s.execute(select(Metric.version, Metric.wall_seconds, Metric.extra).order_by(Metric.version)).all()
+            rows = s.execute(select(Metric.version, Metric.wall_seconds).order_by(Metric.version)).all()
+            evals = s.execute(select(Eval.version, Eval.accuracy).where(Eval.split == "eval")
+                              .order_by(Eval.version)).all()
     finally:
         engine.dispose()
-    elapsed, curve = 0.0, []
-    for version, seconds, extra in rows:
+    elapsed, at = 0.0, {0: 0.0}
+    for version, seconds in rows:
         elapsed += seconds or 0.0
-        accuracy = (extra or {}).get("accuracy")
-        if accuracy is not None:
-            curve.append([version, round(elapsed, 3), None, accuracy])
+        at[version] = round(elapsed, 3)
+    curve = [[version, at[version], None, accuracy] for version, accuracy in evals if version in at]
     return {"db": str(db_path), "versions": rows[-1][0] if rows else 0, "seconds": round(elapsed, 3), "curve": curve,
             "time_to": {str(t): time_to(curve, t) for t in targets}}
 

@@ -118,6 +118,7 @@ def _protocol_md(r: dict) -> list[str]:
         return ["Full protocol (`krill demo`): not measured in this run (pass `--demo-db` with a finished demo's "
                 "`krill.db` to add its time to each target).", ""]
     lines = [f"## Full protocol (`krill demo`, {p['db']}: {p['versions']} versions in {p['seconds']:.0f} s)", "",
+             *([p["note"], ""] if p.get("note") else []),
              "| target | protocol seconds | TRL median seconds | protocol / TRL |", "|---|---:|---:|---:|"]
     for key, seconds in p["time_to"].items():
         tt = trl["time_to"].get(key) if trl else None

@@ -56,19 +56,22 @@ def test_protocol_times_sum_the_coordinators_version_seconds(tmp_path):
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from krill.db.models import Metric, StateBase
+    from krill.db.models import Eval, Metric, StateBase
 
     db = tmp_path / "krill.db"
     engine = create_engine(f"sqlite:///{db}")
     StateBase.metadata.create_all(engine)
     with Session(engine) as s:
-        for v, seconds, acc in [(1, 2.0, None), (2, 3.0, 0.35), (3, 4.0, None), (4, 1.0, 0.45)]:
-            s.add(Metric(run_id="ab" * 32, version=v, accepted=1, rejected=0, wall_seconds=seconds,
-                         extra={"accuracy": acc}))
+        for v, seconds in [(1, 2.0), (2, 3.0), (3, 4.0), (4, 1.0)]:
+            s.add(Metric(run_id="ab" * 32, version=v, accepted=1, rejected=0, wall_seconds=seconds))
+        for v, acc in [(0, 0.2), (2, 0.35), (4, 0.45)]:
+            s.add(Eval(run_id="ab" * 32, version=v, task="arithmetic:1", split="eval", n=20, correct=round(20 * acc),
+                       accuracy=acc))
         s.commit()
     engine.dispose()
     p = protocol_times(db, (0.3, 0.4, 0.5))
     assert p["versions"] == 4 and p["seconds"] == 10.0
+    assert p["curve"] == [[0, 0.0, None, 0.2], [2, 5.0, None, 0.35], [4, 10.0, None, 0.45]]
     assert p["time_to"] == {"0.3": 5.0, "0.4": 10.0, "0.5": None}
 
 
