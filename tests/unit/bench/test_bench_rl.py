@@ -1,6 +1,7 @@
 import json
 import math
 
+import pytest
 from click.testing import CliRunner
 
 from krill.bench.rl_compare import protocol_times, summarise, time_to, trl_available
@@ -96,9 +97,17 @@ def test_tiny_size_writes_every_figure(tmp_path):
     assert (tmp_path / "rl-tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_tiny_size_without_trl_says_so(tmp_path):
-    result = CliRunner().invoke(bench, ["rl", "--tiny", "--skip-trl", "--out", str(tmp_path)])
+@pytest.mark.parametrize("why", ["--skip-trl", "not installed"])
+def test_tiny_size_without_trl_says_so(tmp_path, monkeypatch, why):
+    import krill.bench.rl_compare
+
+    args = ["rl", "--tiny", "--out", str(tmp_path)]
+    if why == "--skip-trl":
+        args.append("--skip-trl")
+    else:
+        monkeypatch.setattr(krill.bench.rl_compare, "trl_available", lambda: False)
+    result = CliRunner().invoke(bench, args)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "rl-tiny.json").read_text())
-    assert [r["system"] for r in data["runs"]] == ["krill"] and "skipped" in data["trl_note"]
+    assert [r["system"] for r in data["runs"]] == ["krill"] and why in data["trl_note"]
     assert "TRL: skipped" in (tmp_path / "rl-tiny.md").read_text()
