@@ -210,13 +210,15 @@ def plots(r: dict, stem: Path) -> list[Path]:
     a1.set_title("bytes per contribution")
     for row in rows:
         per = row["bytes_per_version"] / 1e6
-        pts = [(0.0, r["base_accuracy"])]
-        if row["budget_version"] is not None:
-            pts.append((per * row["budget_version"], row["accuracy_at_budget"]))
+        pts = [(per * row["budget_version"], row["accuracy_at_budget"])] if row["budget_version"] else []
         pts.append((per * row["versions"], row["accuracy"]))
         a2.plot([x for x, _ in pts], [100 * y for _, y in pts], marker="o", label=row["setting"])
+    a2.axhline(100 * r["base_accuracy"], color="grey", linestyle=":", label="base model")
     a2.axvline(r["budget_bytes"] / 1e6, color="grey", linestyle="--", label="byte budget")
-    a2.set_xscale("symlog", linthresh=max(r["budget_bytes"] / 1e6 / 10, 1e-3))
+    a2.set_xscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    a2.xaxis.set_minor_formatter(NullFormatter())
     a2.set_xlabel("MB received by the coordinator (cumulative)")
     a2.set_ylabel("greedy accuracy (%)")
     a2.set_title("accuracy against bytes")

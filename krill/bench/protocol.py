@@ -145,6 +145,19 @@ def worker_breakdown(records: list[dict]) -> dict:
             "target_met": (100 * overhead / busy < TARGET_OVERHEAD_PCT) if busy else None}
 
 
+def per_contribution(w: dict) -> dict:
+    """Mean RL work and protocol overhead per contribution (ms), and the RL work per contribution at
+    which this overhead would be exactly the target share (the fixed costs stay, the work grows)."""
+    n = w["contributions"]
+    if not n:
+        return {"rl_ms": None, "overhead_ms": None, "break_even_rl_s": None}
+    rl = sum(row["seconds"] for row in w["parts"] if row["rl_work"])
+    overhead = sum(row["seconds"] for row in w["parts"] if not row["rl_work"])
+    target = w["target_pct"]
+    return {"rl_ms": 1000 * rl / n, "overhead_ms": 1000 * overhead / n,
+            "break_even_rl_s": overhead / n * (100 - target) / target}
+
+
 def coordinator_parts(row: dict) -> dict[str, float] | None:
     """One version's coordinator seconds per part of `COORDINATOR_PARTS`, busy and wall (None without phases)."""
     p = row.get("phases")
@@ -182,7 +195,9 @@ def coordinator_breakdown(rows: list[dict]) -> dict:
 
 def analyse(demo: DemoResult) -> dict:
     records = worker_records(demo)
-    return {"worker": worker_breakdown(records), "coordinator": coordinator_breakdown(metric_rows(demo)),
+    worker = worker_breakdown(records)
+    worker["per_contribution"] = per_contribution(worker)
+    return {"worker": worker, "coordinator": coordinator_breakdown(metric_rows(demo)),
             "demo": {"versions": demo.summary["versions"], "train_seconds": demo.summary.get("train_seconds"),
                      "wall_seconds": round(demo.seconds, 1), "verifications": demo.summary.get("verifications")}}
 
@@ -215,6 +230,7 @@ def run_protocol(size: str = "default", echo: Callable[[str], None] = print, kee
 
 def markdown(r: dict) -> str:
     w, c, s = r["worker"], r["coordinator"], r["settings"]
+    pc = per_contribution(w)
     met = "met" if w["target_met"] else "missed" if w["target_met"] is not None else "not measured"
     lines = [f"# krill bench protocol ({r['size']})", "", f"Machine: {machine_line(r)}.", "",
              f"A `krill demo` run: {s['workers']} honest workers, {s['verifiers']} verifier (check probability "
@@ -229,6 +245,11 @@ def markdown(r: dict) -> str:
              f"workers' wall time. Median contribution: {fmt(w['median_contribution_ms'], 0)} ms; each worker's "
              f"first one (loading model, tokenizer and task; left out below) took "
              f"{fmt(w['first_contribution_seconds'], 1)} s (median).", "",
+             f"Per contribution (mean): RL work {fmt(pc['rl_ms'], 0)} ms, protocol overhead "
+             f"{fmt(pc['overhead_ms'], 0)} ms. The overhead is mostly a fixed cost per contribution (chain "
+             f"round trips, fsync, hashing), so it falls under {w['target_pct']:g}% once the RL work per "
+             f"contribution exceeds about {fmt(pc['break_even_rl_s'], 1)} s (larger models, more prompts per "
+             "contribution).", "",
              "| part | RL work | total s | share of busy time | median per contribution (ms) |",
              "|---|---|---:|---:|---:|"]
     for row in w["parts"]:
@@ -256,9 +277,10 @@ def plots(r: dict, stem: Path) -> list[Path]:
     w, c = r["worker"], r["coordinator"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.5))
     left = 0.0
-    for row in w["parts"]:
+    for i, row in enumerate(w["parts"]):
         share = 100 * (row["share_of_busy"] or 0.0)
-        a1.barh([0], [share], left=left, label=row["label"], hatch=None if row["rl_work"] else "//")
+        a1.barh([0], [share], left=left, label=row["label"], hatch=None if row["rl_work"] else "//",
+                color=plt.cm.tab20(i))
         left += share
     a1.set_xlim(0, 100)
     a1.set_yticks([])
