@@ -8,8 +8,9 @@ Design decisions:
 - Figures per point: accepted commits per second over the commit window (first to last commit,
   block time), commits that landed, work dropped as stale, the index lag (probe: chain head minus
   the shared index's last block, in blocks and seconds), the coordinator's wall seconds per
-  version and its busy seconds per version (sum of its phases), the median worker contribution,
-  and the peak resident memory per role (probe: VmHWM of every role process).
+  version (the commit window over the versions published: block times have 1 s resolution) and
+  its busy seconds per version (median sum of its phases), the median worker contribution, and
+  the peak resident memory per role (probe: VmHWM of every role process).
 - What grows how: for each figure, the exponent k of a least-squares fit figure ~ n^k over the
   points (log-log), printed with the figure; k near 0 is flat, near 1 linear.
 - Memory guard: before a point, the free memory (`MemAvailable`) must hold n workers at the
@@ -73,7 +74,9 @@ def point_figures(demo, workers: int) -> dict:
             "dropped_stale": worker["dropped"], "commit_window_s": window,
             "accepted_per_s": accepted / window if window else None,
             "versions": demo.summary["versions"],
-            "coordinator_wall_s_per_version": statistics.median([x["wall"] for x in per_version]) if per_version else None,
+            # Block times have 1 s resolution: the commit window over the versions published in it is finer.
+            "coordinator_wall_s_per_version": window / demo.summary["versions"] if window and demo.summary["versions"]
+            else None,
             "coordinator_busy_s_per_version": statistics.median([x["busy"] for x in per_version]) if per_version else None,
             "accepted_per_version": statistics.fmean([x["accepted"] for x in per_version]) if per_version else None,
             "worker_contribution_ms": worker["median_contribution_ms"],
@@ -91,6 +94,7 @@ GROWTH = (
     ("coordinator_busy_s_per_version", "coordinator busy seconds per version"),
     ("accepted_per_version", "contributions folded per version"),
     ("index_lag_s_median", "index lag, median seconds"),
+    ("index_lag_s_p95", "index lag, 95th percentile seconds"),
     ("index_lag_blocks_median", "index lag, median blocks"),
     ("worker_contribution_ms", "median worker contribution (ms)"),
     ("worker_total_mib", "peak memory, all workers together (MiB)"),
@@ -110,13 +114,13 @@ def growth(points: list[dict]) -> list[dict]:
     for key, label in GROWTH:
         xy = [(math.log(p["workers"]), math.log(_flat(p)[key])) for p in points
               if _flat(p).get(key) is not None and _flat(p)[key] > 0]
-        k = None
+        k, values = None, [_flat(p).get(key) for p in points]
         if len(xy) >= 2:
             mx, my = statistics.fmean(x for x, _ in xy), statistics.fmean(y for _, y in xy)
             den = sum((x - mx) ** 2 for x, _ in xy)
             k = sum((x - mx) * (y - my) for x, y in xy) / den if den else None
-        values = [_flat(p).get(key) for p in points]
-        out.append({"figure": key, "label": label, "exponent": k, "values": values, "reading": _reading(k)})
+        reading = "0 at every point" if values and all(v == 0 for v in values) else _reading(k)
+        out.append({"figure": key, "label": label, "exponent": k, "values": values, "reading": reading})
     return out
 
 
