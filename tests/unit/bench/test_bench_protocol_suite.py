@@ -2,7 +2,7 @@
 
 `krill bench aggregate --tiny` and `krill bench compression --tiny` run here in seconds; the
 demo-based ones (protocol, verify, scale) need Anvil and run in
-tests/integration/test_bench_protocol_suite.py. Their analyses are checked here on hand-made
+tests/integration/test_bench_protocol_runs.py. Their analyses are checked here on hand-made
 records with known answers.
 """
 
