@@ -21,7 +21,7 @@ Design decisions:
   and, for even n, Krill against the lower middle value (numpy) and reports ByzFL's gap.
 - Krill aggregates in float64 and returns float32: agreement is a relative difference below 1e-6
   (float32 has 24 bits, about 6e-8), per coordinate relative to max(1, |reference|).
-- Sizes: `tiny` (CI smoke, seconds) and `default` (about 5 minutes on 2 cores).
+- Sizes: `tiny` (CI smoke, seconds) and `default` (about 7 minutes on one core of a shared machine).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ Design decisions:
   one has not spent it by V and shows its version-V figure, marked). Greedy accuracy on the same
   held-out prompts; one seed per setting, so gaps of about two standard errors are noise.
 - Sizes: `tiny` (CI smoke: a tiny random model, two settings, two versions) and `default` (the
-  default base model, six settings, 40 versions of 8 workers).
+  default base model, six settings, 40 versions of 8 workers: about 5 minutes on 2 idle cores, 22
+  measured on a shared, loaded machine).
 """
 
 from __future__ import annotations
