@@ -161,32 +161,33 @@ class FabricateRollouts(Behavior):
         return sampled
 
 
+def sample_assigned(work: Work, engine, version: int, params=None):
+    """The assigned prompts of (worker, `version`, nonce), sampled by `engine` from the committed seed,
+    with `params` (default: the run's) — the honest recipe with one input swapped by an attack."""
+    import time
+
+    from krill.protocol.work import Sampled, assigned_prompts, compute_rewards, derived_seed, sampling_params
+
+    started = time.perf_counter()
+    indices, prompts, metas = assigned_prompts(work.spec, work.task, work.tokenizer, work.who.worker, version,
+                                               work.nonce)
+    seed = derived_seed(work.spec, b"sampling", work.who.worker, version, work.nonce)
+    rollouts = engine.generate(prompts, params or sampling_params(work.spec, work.task), seed)
+    rewards = compute_rewards(work.spec, work.task, work.tokenizer, rollouts, metas)
+    return Sampled(version, work.nonce, indices, rollouts, rewards, time.perf_counter() - started)
+
+
 class Lazy(Behavior):
     """Samples half the tokens the run asks for and claims the full budget."""
 
     name = "lazy"
 
     def sample(self, work: Work):
-        import time
+        from krill.protocol.work import sampling_params
 
-        from krill.protocol.work import (
-            Sampled,
-            assigned_prompts,
-            compute_rewards,
-            derived_seed,
-            sampling_params,
-        )
-
-        started = time.perf_counter()
-        version = int(work.engine.version)
-        indices, prompts, metas = assigned_prompts(work.spec, work.task, work.tokenizer, work.who.worker, version,
-                                                   work.nonce)
         params = sampling_params(work.spec, work.task)
         params = params.model_copy(update={"max_new_tokens": max(1, params.max_new_tokens // 2)})
-        seed = derived_seed(work.spec, b"sampling", work.who.worker, version, work.nonce)
-        rollouts = work.engine.generate(prompts, params, seed)
-        rewards = compute_rewards(work.spec, work.task, work.tokenizer, rollouts, metas)
-        return Sampled(version, work.nonce, indices, rollouts, rewards, time.perf_counter() - started)
+        return sample_assigned(work, work.engine, int(work.engine.version), params)
 
 
 class CherryPick(Behavior):
@@ -223,25 +224,12 @@ class StaleBehaviour(Behavior):
     name = "stale-behaviour"
 
     def sample(self, work: Work):
-        from krill.protocol.work import (
-            Sampled,
-            assigned_prompts,
-            compute_rewards,
-            derived_seed,
-            sampling_params,
-        )
         from krill.worker.source import BehaviourPolicy
 
         claimed = int(work.engine.version)
         if claimed == 0:
             return super().sample(work)  # nothing older to use
-        older = BehaviourPolicy(work.source).at(claimed - 1)
-        indices, prompts, metas = assigned_prompts(work.spec, work.task, work.tokenizer, work.who.worker, claimed,
-                                                   work.nonce)
-        seed = derived_seed(work.spec, b"sampling", work.who.worker, claimed, work.nonce)
-        rollouts = older.generate(prompts, sampling_params(work.spec, work.task), seed)
-        rewards = compute_rewards(work.spec, work.task, work.tokenizer, rollouts, metas)
-        return Sampled(claimed, work.nonce, indices, rollouts, rewards)
+        return sample_assigned(work, BehaviourPolicy(work.source).at(claimed - 1), claimed)
 
 
 # ---------------------------------------------------------------------------------- gradients

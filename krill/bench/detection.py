@@ -43,19 +43,6 @@ SIZES = {
 }
 
 
-def _model_dir(kind: str, root: Path) -> Path:
-    if kind == "base":
-        from krill.model.base import ensure_base_model
-
-        return ensure_base_model()
-    from krill.model.build import TinyModelSpec, build_tiny_model
-
-    directory = root / "tiny-model"
-    if not directory.exists():
-        build_tiny_model(seed=1, spec=TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64), directory=directory)
-    return directory
-
-
 def attacker_figures(db_url: str, run_id: str, address: str) -> dict:
     """What the index says about one attacker's commits, verdicts, rejections and slashes."""
     from sqlalchemy import func, select
@@ -98,12 +85,13 @@ def caught_within(p: float, d: float | None, k: int) -> float | None:
 
 def run_detection(size: str = "default", echo: Callable[[str], None] = print, workdir: Path | None = None) -> dict:
     """Run every batch of `size`; returns per-attack figures and the P(caught within k) table."""
+    from krill.bench.demo_probe import model_dir as tiny_or_base_model
     from krill.demo.orchestrate import DemoConfig, run_demo
     from krill.protocol.spec import ChainSpec
 
     plan = SIZES[size]
     root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="krill-detection-"))
-    model_dir = _model_dir(plan["model"], root)
+    model_dir = tiny_or_base_model(plan["model"], root)
     p_default = ChainSpec().check_probability_ppm / 1e6
     runs: dict[str, list[dict]] = {}
     started = time.monotonic()
