@@ -7,7 +7,8 @@ Design decisions:
   values on the same coordinates, so a coordinate-wise trimmed mean compares like with like;
   independent per-worker top-k masks would make most coordinates zero for most workers and
   the trimmed mean would discard the update. A public mask also means indices never travel.
-- Ties in |reference| are broken by coordinate index (stable sort), and the exploration draw
+- Ties in |reference| are broken by coordinate index (as a stable sort would; found in linear
+  time from the k-th largest value), and the exploration draw
   uses a CPU `torch.Generator`, so every party derives the identical mask.
 - Values travel as fp16, bf16, or int8 in blocks with one float32 scale per block
   (scale = max|x| / 127, round to nearest): a handful of outliers only cost precision in their
@@ -48,6 +49,20 @@ def mask_seed(run: str, version: int, name: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest values, ties broken by lower index: the first k of a stable descending sort.
+
+    Computed from the k-th largest value (`kthvalue`, linear time) instead of a full sort: every
+    value above it, then the lowest indices among those equal to it.
+    """
+    if k >= values.numel():
+        return torch.arange(values.numel(), dtype=torch.int64)
+    threshold = torch.kthvalue(values, values.numel() - k + 1).values
+    above = torch.nonzero(values > threshold).flatten()
+    at = torch.nonzero(values == threshold).flatten()[:k - above.numel()]
+    return torch.cat([above, at])
+
+
 def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: CompressionConfig,
                 run: str, version: int) -> torch.Tensor:
     """Sorted int64 flat indices of the coordinates sent for tensor `name` at `version`."""
@@ -60,8 +75,7 @@ def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: C
         ref = reference.detach().reshape(-1).abs().to(torch.float32)
         if ref.numel() != numel:
             raise PayloadError(f"reference has {ref.numel()} coordinates, tensor has {numel}", field=name)
-        order = torch.sort(ref, descending=True, stable=True).indices
-        chosen[order[:k - k_explore]] = True
+        chosen[_top_indices(ref, k - k_explore)] = True
     if k_explore > 0:
         generator = torch.Generator(device="cpu").manual_seed(mask_seed(run, version, name))
         rest = torch.nonzero(~chosen).flatten()
@@ -95,6 +109,52 @@ def encode_values(values: torch.Tensor, config: CompressionConfig) -> dict[str, 
     return {"q": q.reshape(-1)[:n].contiguous(), "s": scales}
 
 
+def _encode_int8_many(values: list[torch.Tensor], block_size: int) -> list[dict[str, torch.Tensor]]:
+    """`encode_values` (int8) of several tensors with one pass over all their blocks: the same bytes."""
+    counts = [v.numel() for v in values]
+    blocks = [math.ceil(n / block_size) for n in counts]
+    pieces = []
+    for v, n, b in zip(values, counts, blocks, strict=True):
+        pieces.append(v.to(torch.float32))
+        pieces.append(torch.zeros(b * block_size - n, dtype=torch.float32))
+    padded = torch.cat(pieces).view(-1, block_size)
+    scales = padded.abs().amax(dim=1) / 127.0
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.clamp(torch.round(padded / safe.unsqueeze(1)), -127, 127).to(torch.int8)
+    out = []
+    for qi, si, n in zip(torch.split(q, blocks), torch.split(scales, blocks), counts, strict=True):
+        out.append({"q": qi.reshape(-1)[:n].contiguous(), "s": si.contiguous()})
+    return out
+
+
+def _decode_int8_many(parts: dict[str, dict[str, torch.Tensor]], counts: dict[str, int],
+                      block_size: int) -> dict[str, torch.Tensor]:
+    """`decode_values` (int8) of several tensors with one pass over all their blocks: the same values."""
+    pieces, scales, blocks = [], [], []
+    for name, n in counts.items():
+        q, s = parts[name].get("q"), parts[name].get("s")
+        b = math.ceil(n / block_size)
+        if q is None or q.dtype != torch.int8 or q.numel() != n:
+            raise PayloadError(f"expected {n} int8 values", field=f"{name}/q")
+        if s is None or s.dtype != torch.float32 or s.numel() != b:
+            raise PayloadError(f"expected {b} float32 block scales", field=f"{name}/s")
+        if set(parts[name]) != {"q", "s"}:
+            raise PayloadError(f"unexpected parts {sorted(set(parts[name]) - {'q', 's'})}", field=name)
+        pieces.append(q.reshape(-1))
+        pieces.append(torch.zeros(b * block_size - n, dtype=torch.int8))
+        scales.append(s.reshape(-1))
+        blocks.append(b)
+    if not pieces:
+        return {}
+    scale = torch.cat(scales)
+    if not bool((torch.isfinite(scale) & (scale.abs() <= _MAX_INT8_SCALE)).all()):
+        bad = next(name for name, s in zip(counts, scales, strict=True)
+                   if not bool((torch.isfinite(s) & (s.abs() <= _MAX_INT8_SCALE)).all()))
+        raise PayloadError("block scales contain NaN, infinity or values too large to decode", field=f"{bad}/s")
+    values = torch.cat(pieces).to(torch.float32).view(-1, block_size) * scale.unsqueeze(1)
+    return {name: v.reshape(-1)[:n] for (name, n), v in zip(counts.items(), torch.split(values, blocks), strict=True)}
+
+
 def decode_values(parts: dict[str, torch.Tensor], n: int, config: CompressionConfig) -> torch.Tensor:
     """Inverse of `encode_values` (float32 [n]); rejects payloads of the wrong size or type."""
     if config.dtype in ("fp16", "bf16"):
@@ -110,22 +170,32 @@ def decode_values(parts: dict[str, torch.Tensor], n: int, config: CompressionCon
             raise PayloadError(f"expected {n} int8 values", field="q")
         if s is None or s.dtype != torch.float32 or s.numel() != blocks:
             raise PayloadError(f"expected {blocks} float32 block scales", field="s")
+        # int8 values times finite scales below float32 max / 127 are finite: checking the scales suffices.
+        if not bool((torch.isfinite(s) & (s.abs() <= _MAX_INT8_SCALE)).all()):
+            raise PayloadError("block scales contain NaN, infinity or values too large to decode", field="s")
         padded = torch.zeros(blocks * config.block_size, dtype=torch.float32)
         padded[:n] = q.to(torch.float32)
-        out = (padded.view(blocks, config.block_size) * s.unsqueeze(1)).reshape(-1)[:n]
+        return (padded.view(blocks, config.block_size) * s.unsqueeze(1)).reshape(-1)[:n]
     if not torch.isfinite(out).all():
         raise PayloadError("values contain NaN or infinity", field="values")
     return out
 
 
+_MAX_INT8_SCALE = torch.finfo(torch.float32).max / 127
+
+
 def compress(grads: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], config: CompressionConfig) -> bytes:
     """A safetensors blob of each tensor's values on its mask (keys `<name>/<part>`)."""
     tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(grads):
+    names = sorted(grads)
+    for name in names:
         if name not in masks:
             raise PayloadError("no mask for this tensor", field=name)
-        values = grads[name].reshape(-1)[masks[name]]
-        for part, t in encode_values(values, config).items():
+    values = [grads[name].detach().reshape(-1)[masks[name]] for name in names]
+    encoded = _encode_int8_many(values, config.block_size) if config.dtype == "int8" and values else \
+        [encode_values(v, config) for v in values]
+    for name, parts in zip(names, encoded, strict=True):
+        for part, t in parts.items():
             tensors[f"{name}/{part}"] = t
     # A single metadata key: safetensors writes a metadata map in hash order (non-deterministic bytes).
     return st_save(tensors, metadata={"format": f"krill-masked-grad/1;dtype={config.dtype}"})
@@ -140,11 +210,13 @@ def decompress_values(blob: bytes, masks: dict[str, torch.Tensor], config: Compr
     names = {key.rsplit("/", 1)[0] for key in tensors}
     if names != set(masks):
         raise PayloadError(f"tensors {sorted(names ^ set(masks))[:3]} do not match the mask set", field="gradient")
-    out = {}
-    for name, idx in masks.items():
-        parts = {key.rsplit("/", 1)[1]: t for key, t in tensors.items() if key.rsplit("/", 1)[0] == name}
-        out[name] = decode_values(parts, idx.numel(), config)
-    return out
+    grouped: dict[str, dict[str, torch.Tensor]] = {name: {} for name in masks}
+    for key, t in tensors.items():
+        name, part = key.rsplit("/", 1)
+        grouped[name][part] = t
+    if config.dtype == "int8":
+        return _decode_int8_many(grouped, {name: idx.numel() for name, idx in masks.items()}, config.block_size)
+    return {name: decode_values(grouped[name], idx.numel(), config) for name, idx in masks.items()}
 
 
 def densify(values: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],

@@ -35,6 +35,13 @@ def sampling_seed(run_seed: bytes, worker: str, version: int, nonce: int) -> int
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "big") >> 1
 
 
+def contribution_prompts(task, tokenizer, prompt_indices: list[int], group_size: int) -> tuple[list, list[list[int]]]:
+    """The (prompt text, metadata) of each assigned prompt and the token ids of every sample's prompt."""
+    problems = [task.prompt(i, "train") for i in prompt_indices]
+    prompt_ids = [tokenizer(text)["input_ids"] for text, _ in problems]
+    return problems, [ids for ids in prompt_ids for _ in range(group_size)]
+
+
 @dataclass(frozen=True)
 class Contribution:
     worker: str
@@ -53,17 +60,23 @@ class Contribution:
 def make_contribution(*, task, tokenizer, engine: RolloutEngine, learner: torch.nn.Module, run_seed: bytes,
                       worker: str, nonce: int, prompt_indices: list[int], group_size: int,
                       params: SamplingParams, loss_config: LossConfig, shards: dict[int, list[str]],
-                      masks: dict[str, torch.Tensor], compression: CompressionConfig) -> Contribution:
-    """Sample, reward, and compute compressed per-shard gradients for one worker."""
+                      masks: dict[str, torch.Tensor], compression: CompressionConfig,
+                      sampled: tuple[Rollouts, float] | None = None) -> Contribution:
+    """Sample, reward, and compute compressed per-shard gradients for one worker.
+
+    `sampled` = (rollouts, seconds) when the rollouts were already drawn for this worker (by
+    `engine.generate` or `generate_groups` on `contribution_prompts` with `sampling_seed`).
+    """
     from krill.model.tokenizer import decode_completion
 
     version = int(engine.version or 0)
-    problems = [task.prompt(i, "train") for i in prompt_indices]
-    prompt_ids = [tokenizer(text)["input_ids"] for text, _ in problems]
-    prompts = [ids for ids in prompt_ids for _ in range(group_size)]
-    started = time.perf_counter()
-    rollouts = engine.generate(prompts, params, seed=sampling_seed(run_seed, worker, version, nonce))
-    sample_seconds = time.perf_counter() - started
+    problems, prompts = contribution_prompts(task, tokenizer, prompt_indices, group_size)
+    if sampled is None:
+        started = time.perf_counter()
+        rollouts = engine.generate(prompts, params, seed=sampling_seed(run_seed, worker, version, nonce))
+        sample_seconds = time.perf_counter() - started
+    else:
+        rollouts, sample_seconds = sampled
     rewards = torch.tensor([task.reward(problems[i // group_size][1],
                                         decode_completion(tokenizer, rollouts.completion(i)))
                             for i in range(len(rollouts))], dtype=torch.float32)

@@ -8,6 +8,8 @@ Design decisions:
 - Sequences whose advantage is zero contribute nothing to the loss; they are skipped in the
   pass, but the loss is still divided by all completion tokens of the batch, so the gradient
   is exactly that of the full token-normalised loss.
+- The pass shares each distinct prompt's forward among its samples
+  (`krill.rl.batch.completion_logprobs`): the same loss, about half the compute at G = 8.
 - Gradients are returned as fresh float32 tensors keyed by parameter name (the shard's own
   names, as in the manifest), detached from the model.
 """
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from krill.errors import KrillError
-from krill.rl.batch import learner_batch, token_logprobs
+from krill.rl.batch import completion_batch, completion_logprobs
 from krill.rl.engine.base import Rollouts
 from krill.rl.loss import LossConfig, policy_loss
 
@@ -67,12 +69,12 @@ def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torc
             p.requires_grad_(name in wanted)
             p.grad = None
         model.train(False)  # no dropout: the gradient must be a function of the inputs alone
-        batch = learner_batch(rollouts, pad_id, rows)
-        logp = token_logprobs(model, batch, config.temperature)
+        batch = completion_batch(rollouts, pad_id, rows)
+        logp = completion_logprobs(model, batch, config.temperature)
         ref = None
         if ref_model is not None and config.kl_coef > 0:
             with torch.no_grad():
-                ref = token_logprobs(ref_model, batch, config.temperature)
+                ref = completion_logprobs(ref_model, batch, config.temperature)
         loss, stats = policy_loss(logp, batch.behaviour, advantages[rows], batch.mask, config,
                                   ref_logprobs=ref, num_tokens=total_tokens)
         loss.backward()

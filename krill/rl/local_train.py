@@ -4,7 +4,8 @@ Design decisions:
 - The same code paths as the distributed system, minus chain and store: N simulated workers
   each make a contribution (`krill.rl.contribution`) for their assigned prompts, sampling with
   an engine serving a possibly stale version (drawn deterministically up to `max_staleness`
-  behind), taking gradients at the current version, compressing them on the public mask; the
+  behind; the workers at one version are sampled in one batch, each with its own seeded
+  generator, so each gets the rollouts it would draw alone), taking gradients at the current version, compressing them on the public mask; the
   coordinator step decompresses, weighs by staleness, aggregates each shard with the robust
   rule (clip, nearest-neighbour mixing, trimmed mean by default), applies per-shard AdamW, and
   publishes the next version (here: a snapshot kept for stale engines).
@@ -31,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from krill.rl.aggregate import AggregationRule, ClipMixTrimRule, aggregate
 from krill.rl.compression import CompressionConfig, decompress_values, densify, shared_masks
-from krill.rl.contribution import Contribution, make_contribution
-from krill.rl.engine.base import SamplingParams
+from krill.rl.contribution import Contribution, contribution_prompts, make_contribution, sampling_seed
+from krill.rl.engine.base import Rollouts, SamplingParams
 from krill.rl.engine.hf import HFEngine
 from krill.rl.loss import LossConfig
 from krill.rl.optimizer import AdamWConfig, ShardAdamW
@@ -125,18 +126,37 @@ class LocalTrainer:
         c = self.config
         from krill.rl.assign import assign_prompts
 
-        out = []
+        plans = []  # (worker, behaviour version, prompt indices)
         for i in range(c.workers):
-            stale = _draw_staleness(self.run_seed, i, self.version, c.staleness.max_staleness)
-            behaviour = self.version - stale
+            behaviour = self.version - _draw_staleness(self.run_seed, i, self.version, c.staleness.max_staleness)
             worker = _address(c.seed, i)
-            indices = assign_prompts(self.run_seed, worker, behaviour, self.version, c.prompts_per_worker)
-            out.append(make_contribution(
-                task=self.task, tokenizer=self.tokenizer, engine=self._engine(behaviour), learner=self.model,
-                run_seed=self.run_seed, worker=worker, nonce=self.version, prompt_indices=indices,
-                group_size=c.group_size, params=self.params, loss_config=c.loss, shards=self.shards,
-                masks=masks, compression=c.compression))
-        return out
+            plans.append((worker, behaviour, assign_prompts(self.run_seed, worker, behaviour, self.version,
+                                                            c.prompts_per_worker)))
+        sampled = self._sample(plans)
+        return [make_contribution(
+            task=self.task, tokenizer=self.tokenizer, engine=self._engine(behaviour), learner=self.model,
+            run_seed=self.run_seed, worker=worker, nonce=self.version, prompt_indices=indices,
+            group_size=c.group_size, params=self.params, loss_config=c.loss, shards=self.shards,
+            masks=masks, compression=c.compression, sampled=sampled[k])
+            for k, (worker, behaviour, indices) in enumerate(plans)]
+
+    def _sample(self, plans: list[tuple[str, int, list[int]]]) -> list[tuple[Rollouts, float]]:
+        """Every worker's rollouts, the workers at one behaviour version batched through its engine.
+
+        Each worker samples with its own seeded generator (`generate_groups`), so its rollouts are
+        those it would draw alone; the batch's time is shared out by rows.
+        """
+        out: list[tuple[Rollouts, float] | None] = [None] * len(plans)
+        for behaviour in sorted({b for _, b, _ in plans}):
+            ks = [k for k, (_, b, _) in enumerate(plans) if b == behaviour]
+            groups = [(contribution_prompts(self.task, self.tokenizer, plans[k][2], self.config.group_size)[1],
+                       sampling_seed(self.run_seed, plans[k][0], behaviour, self.version)) for k in ks]
+            started = time.perf_counter()
+            rollouts = self._engine(behaviour).generate_groups(groups, self.params)
+            seconds = (time.perf_counter() - started) / len(ks)
+            for k, r in zip(ks, rollouts, strict=True):
+                out[k] = (r, seconds)
+        return out  # type: ignore[return-value]
 
     def shard_updates(self, shard: int, rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows [n, d] and weights [n] the rule aggregates for `shard`: the submissions as they are.

@@ -5,14 +5,18 @@ Design decisions:
   every sampled token, a sampler driven only by our own `torch.Generator` (so the seed alone
   decides the tokens), and no hidden logits processors. The loop is a few lines.
 - Prompts of different lengths are left-padded for generation, with explicit position ids
-  (cumulative attention mask) so that padding does not shift positions; finished rows keep
+  (cumulative attention mask) so that padding does not shift positions. Each distinct prompt
+  runs once (the G samples of a group share it) and its keys and values are copied out to its
+  rows; `generate_groups` batches several seeded groups (e.g. the simulated workers of
+  `krill train local`) through one model call per step, each group sampling with its own
+  generator from its own rows, so a group gets the tokens it would get alone. Finished rows keep
   decoding pad tokens (cheaper than compacting the batch for the short completions RL uses)
   and stop the loop once every row has emitted eos.
 - Sampling: temperature-scaled logits in float32, optional top-p (nucleus) filter with a
   stable sort, then `torch.multinomial` with the seeded generator. On CPU this is bit
   reproducible for the same weights, prompts, parameters and seed, which verifiers rely on.
   Temperature 0 is greedy decoding (log-probs then reported at temperature 1).
-- Teacher-forced `logprobs` goes through `krill.rl.batch`, the very function the learner uses,
+- Teacher-forced `logprobs` goes through `krill.rl.batch.completion_logprobs`, the very function the learner uses,
   so the engine and the learner agree on what a log-prob is.
 """
 
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from krill.rl.batch import learner_batch, token_logprobs
+from krill.rl.batch import completion_batch, completion_logprobs
 from krill.rl.engine.base import EngineError, RolloutEngine, Rollouts, SamplingParams
 
 
@@ -84,28 +88,50 @@ class HFEngine(RolloutEngine):
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> Rollouts:
-        if not prompts or any(len(p) == 0 for p in prompts):
+        return self.generate_groups([(prompts, seed)], params)[0]
+
+    @torch.inference_mode()
+    def generate_groups(self, groups: list[tuple[list[list[int]], int]], params: SamplingParams) -> list[Rollouts]:
+        """Sample several (prompts, seed) groups in one batch; each group gets what `generate` gives it.
+
+        The model runs once per step over every row of every group, but each group's tokens are
+        drawn with its own seeded generator from its own rows, and a group draws nothing once all
+        of its rows have finished: the draws are those of the group alone.
+        """
+        if not groups or any(not prompts or any(len(p) == 0 for p in prompts) for prompts, _ in groups):
             raise EngineError("prompts: need at least one prompt, each with at least one token")
+        prompts = [p for group_prompts, _ in groups for p in group_prompts]
+        bounds, at = [], 0
+        for group_prompts, _ in groups:
+            bounds.append((at, at + len(group_prompts)))
+            at += len(group_prompts)
+        distinct: dict[tuple[int, ...], int] = {}
+        row_prompt = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], dtype=torch.int64)
         batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((batch, width), self.pad_id, dtype=torch.int64)
-        attention = torch.zeros((batch, width), dtype=torch.int64)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.int64)
-            attention[i, width - len(p):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        generator = torch.Generator(device="cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        width = max(len(p) for p in distinct)
+        input_ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.int64)
+        prompt_mask = torch.zeros((len(distinct), width), dtype=torch.int64)
+        for j, p in enumerate(distinct):
+            input_ids[j, width - len(p):] = torch.tensor(p, dtype=torch.int64)
+            prompt_mask[j, width - len(p):] = 1
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator(device="cpu").manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF) for _, seed in groups]
         greedy = params.temperature == 0.0
 
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                            cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        prompt_cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=prompt_mask, position_ids=positions,
+                            cache=prompt_cache, use_cache=True, logits_to_keep=1).logits[:, -1][row_prompt]
+        cache = DynamicCache(config=self.model.config)  # the prompts' keys and values, one copy per row
+        for layer, held in enumerate(prompt_cache.layers):
+            cache.update(held.keys[row_prompt], held.values[row_prompt], layer)
+        attention = prompt_mask[row_prompt]
+        next_pos = positions[row_prompt][:, -1:] + 1
         done = torch.zeros(batch, dtype=torch.bool)
+        active = [True] * len(groups)  # a group stops drawing once all its rows have finished
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
-        next_pos = positions[:, -1:] + 1
         for step in range(params.max_new_tokens):
             scaled = logits.float() if greedy or params.temperature == 1.0 else logits.float() / params.temperature
             logp_all = torch.log_softmax(scaled, dim=-1)
@@ -113,29 +139,33 @@ class HFEngine(RolloutEngine):
                 tok = torch.argmax(logp_all, dim=-1)
             else:
                 probs = top_p_filter(logp_all.exp(), params.top_p)
-                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+                tok = torch.full((batch,), self.pad_id, dtype=torch.int64)
+                for (lo, hi), generator, live in zip(bounds, generators, active, strict=True):
+                    if live:
+                        tok[lo:hi] = torch.multinomial(probs[lo:hi], 1, generator=generator).squeeze(-1)
             lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             logps.append(torch.where(done, torch.zeros_like(lp), lp))
             done = done | (tok == self.eos_id)
-            if bool(done.all()) or step == params.max_new_tokens - 1:
+            active = [bool(not done[lo:hi].all()) for lo, hi in bounds]
+            if not any(active) or step == params.max_new_tokens - 1:
                 break
             attention = torch.cat([attention, torch.ones((batch, 1), dtype=torch.int64)], dim=1)
             logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attention, position_ids=next_pos,
                                 cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
             next_pos = next_pos + 1
-        return _to_rollouts(prompts, torch.stack(tokens, 1), torch.stack(logps, 1), self.eos_id)
+        all_tokens, all_logps = torch.stack(tokens, 1), torch.stack(logps, 1)
+        return [_to_rollouts(prompts[lo:hi], all_tokens[lo:hi], all_logps[lo:hi], self.eos_id) for lo, hi in bounds]
 
     @torch.inference_mode()
     def logprobs(self, rollouts: Rollouts, temperature: float = 1.0) -> torch.Tensor:
-        batch = learner_batch(rollouts, self.pad_id)
-        lp = token_logprobs(self.model, batch, temperature if temperature > 0 else 1.0)
+        batch = completion_batch(rollouts, self.pad_id)
+        lp = completion_logprobs(self.model, batch, temperature if temperature > 0 else 1.0)
         out = torch.zeros_like(rollouts.logprobs)
         for row in range(len(rollouts)):
-            start, end = int(rollouts.offsets[row]), int(rollouts.offsets[row + 1])
-            out[start + 1:end] = lp[row, :end - start - 1]
-            out[start:start + int(rollouts.prompt_lengths[row])] = 0.0
+            split, end = int(rollouts.offsets[row] + rollouts.prompt_lengths[row]), int(rollouts.offsets[row + 1])
+            out[split:end] = lp[row, :end - split]
         return out
 
 

@@ -96,3 +96,18 @@ def test_bad_inputs_rejected():
         aggregate(torch.tensor([[float("nan")]]), torch.ones(1), MeanRule())
     with pytest.raises(AggregationError, match="shape"):
         aggregate(torch.zeros(3, 2), torch.ones(2), MeanRule())
+
+
+def test_trimmed_mean_pairwise_and_sort_paths_agree(monkeypatch):
+    import krill.rl.aggregate as agg
+
+    g = torch.Generator().manual_seed(7)
+    for n in (2, 5, 8, 16):
+        x = torch.randint(-4, 5, (n, 300), generator=g).double()  # many ties
+        w = torch.rand(n, generator=g, dtype=torch.float64) + 0.1
+        pairwise = agg.weighted_trimmed_mean(x, w, 0.2)
+        monkeypatch.setattr(agg, "_PAIRWISE_MAX", 0)
+        by_sort = agg.weighted_trimmed_mean(x, w, 0.2)
+        monkeypatch.undo()
+        assert torch.allclose(pairwise[0], by_sort[0], atol=1e-12) and torch.allclose(pairwise[1], by_sort[1], atol=1e-12)
+        assert torch.allclose(pairwise[1].sum(dim=0), torch.full((300,), float(w.sum()) * 0.6, dtype=torch.float64))

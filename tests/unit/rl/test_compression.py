@@ -90,3 +90,53 @@ def test_trimmed_mean_keeps_the_update_on_a_shared_mask_but_not_on_private_top_k
     assert _cos(shared, dense_mean) > 0.72
     assert _cos(independent, dense_mean) < 0.6
     assert shared.norm() > 1.5 * independent.norm()  # private masks also shrink what survives
+
+
+def test_top_indices_equal_a_stable_descending_sort_with_ties():
+    from krill.rl.compression import _top_indices
+
+    g = torch.Generator().manual_seed(3)
+    for n, k in [(1000, 1), (1000, 250), (1000, 999), (7, 7), (5000, 1234)]:
+        values = torch.randint(0, 20, (n,), generator=g).float()  # many ties
+        want = torch.sort(values, descending=True, stable=True).indices[:k]
+        assert torch.equal(torch.sort(_top_indices(values, k)).values, torch.sort(want).values)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 3e38])
+def test_int8_blocks_with_unusable_scales_are_rejected(scale):
+    from krill.rl.compression import CompressionConfig, decode_values, encode_values
+
+    config = CompressionConfig(dtype="int8", block_size=8)
+    parts = encode_values(torch.linspace(-1, 1, 20), config)
+    parts["s"][1] = scale
+    with pytest.raises(PayloadError) as err:
+        decode_values(parts, 20, config)
+    assert err.value.field == "s"
+
+
+def test_int8_encoding_of_a_whole_shard_is_the_per_tensor_encoding():
+    from krill.rl.compression import CompressionConfig, _encode_int8_many, encode_values
+
+    config = CompressionConfig(dtype="int8", block_size=16)
+    g = torch.Generator().manual_seed(2)
+    values = [torch.randn(n, generator=g) * 10 ** float(i % 3) for i, n in enumerate([1, 16, 17, 100, 3])]
+    values[2][:] = 0.0  # an all-zero tensor: scale 0
+    for one, many in zip([encode_values(v, config) for v in values], _encode_int8_many(values, 16), strict=True):
+        assert set(one) == set(many) and all(torch.equal(one[k], many[k]) for k in one)
+
+
+def test_decompress_names_the_tensor_whose_scales_are_unusable():
+    from safetensors.torch import load as st_load
+    from safetensors.torch import save as st_save
+
+    from krill.rl.compression import CompressionConfig, compress, decompress_values
+
+    config = CompressionConfig(dtype="int8", block_size=8, density=1.0)
+    grads = {"a": torch.randn(20), "b": torch.randn(9)}
+    masks = {n: torch.arange(g.numel()) for n, g in grads.items()}
+    assert torch.allclose(decompress_values(compress(grads, masks, config), masks, config)["b"], grads["b"], atol=0.05)
+    tensors = st_load(compress(grads, masks, config))
+    tensors["b/s"][0] = float("inf")
+    with pytest.raises(PayloadError) as err:
+        decompress_values(st_save(tensors), masks, config)
+    assert err.value.field == "b/s"

@@ -31,6 +31,32 @@ def test_behaviour_logprobs_match_teacher_forcing_despite_left_padding(model):
         assert (r.completion_logprobs(i) < 0).all()
 
 
+def test_generate_groups_gives_each_group_what_it_gets_alone(model):
+    engine = HFEngine(model, eos_id=EOS, pad_id=PAD, version=0)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8)
+    groups = [(PROMPTS, 11), ([[2, 8]], 2), ([[2, 9, 9], [2, 5, 6, 7]] * 2, 11), ([[2, 8]], 3)]
+    together = engine.generate_groups(groups, params)
+    for (prompts, seed), got in zip(groups, together, strict=True):
+        alone = engine.generate(prompts, params, seed=seed)
+        assert torch.equal(got.tokens, alone.tokens) and torch.equal(got.offsets, alone.offsets)
+        assert torch.allclose(got.logprobs, alone.logprobs, atol=1e-6)
+    assert [int(g.completion_lengths().max()) for g in together][1::2] == [1, 4]  # groups stop at different steps
+
+
+def test_prefix_shared_logprobs_equal_the_full_sequence_pass(model):
+    from krill.rl.batch import completion_batch, completion_logprobs, learner_batch, token_logprobs
+
+    engine = HFEngine(model, eos_id=EOS, pad_id=PAD, version=0)
+    r = engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_new_tokens=8), seed=4)
+    shared = completion_logprobs(model, completion_batch(r, PAD), 0.8)
+    full = token_logprobs(model, learner_batch(r, PAD), 0.8)
+    assert shared.shape[0] == len(r) and completion_batch(r, PAD).prompt_ids.shape[0] == 3  # 3 distinct prompts
+    for i in range(len(r)):
+        n, p = len(r.completion(i)), len(PROMPTS[i])
+        assert torch.allclose(shared[i, :n], full[i, p - 1:p - 1 + n], atol=1e-6)
+        assert (shared[i, n:] == 0).all()
+
+
 def test_greedy_is_argmax_of_teacher_forced_logits(model):
     engine = HFEngine(model, eos_id=EOS, pad_id=PAD)
     r = engine.generate([[2, 5, 6]], SamplingParams(temperature=0.0, max_new_tokens=5), seed=0)
