@@ -113,13 +113,16 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
     n, d = x.shape
     wl = [float(v) for v in w]
     if n <= _PAIRWISE_MAX:
-        lower = torch.zeros((n, d), dtype=torch.float64)
+        # lower[j] starts at the weight of every later submission and loses those that sort after j.
+        lower = torch.tensor([sum(wl[j + 1:]) for j in range(n)], dtype=torch.float64).unsqueeze(1).repeat(1, d)
         before = torch.empty(d, dtype=torch.bool)
+        ones = torch.empty(d, dtype=torch.float64)  # `before` as 0/1 (adding a bool tensor converts slowly)
         for i in range(n):
             for j in range(i):
                 torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
-                lower[i].add_(before, alpha=wl[j])
-                lower[j].add_(~before, alpha=wl[i])
+                ones.copy_(before)
+                lower[i].add_(ones, alpha=wl[j])
+                lower[j].add_(ones, alpha=-wl[i])
     else:
         order = torch.sort(x, dim=0, stable=True).indices
         ws = w.index_select(0, order.reshape(-1)).view(n, d)
