@@ -216,12 +216,17 @@ def undecided_commits(ctx) -> list[CommitView]:
 
 
 def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
-    """One pass over undecided commits; decisions are written to the contributions table."""
+    """One pass over undecided commits; the pass's decisions are written to the contributions table in
+    one transaction (one write lock per pass, not one per commit: the database is shared with the
+    indexer, the verifiers and the explorer)."""
     now = time.time() if now is None else now
     report = IngestReport()
-    for commit in undecided_commits(ctx):
-        outcome = examine(ctx, commit, next_version, now)
-        with ctx.db.write() as s:
+    decided = [(commit, examine(ctx, commit, next_version, now)) for commit in undecided_commits(ctx)]
+    if not decided:
+        return report
+    written = []
+    with ctx.db.write() as s:
+        for commit, outcome in decided:
             row = s.get(Contribution, commit.commit_id)
             if row is None:
                 row = Contribution(commit_id=commit.commit_id, run_id=ctx.run_hex, worker=commit.worker,
@@ -230,6 +235,8 @@ def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
             elif row.status != ContributionStatus.PENDING:
                 continue  # decided meanwhile (another pass of ours after a restart): keep the first decision
             row.status, row.reason_code, row.reason = outcome.status, outcome.code, outcome.reason
+            written.append((commit, outcome))
+    for commit, outcome in written:
         if outcome.status == ContributionStatus.ACCEPTED:
             ctx.remember(commit.commit_id, outcome.contribution)
             halt_point("ingested")

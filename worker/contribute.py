@@ -10,9 +10,11 @@ Design decisions:
   committed version, the upload); the honest strategy's hooks are exactly the core functions.
 - Crash safety comes from `WorkerState`: the nonce is reserved before sampling, the signed bytes
   are saved and named as pending before anything is uploaded or committed, and the pending entry
-  is cleared only once the outcome is logged. `submit` is idempotent: it first asks the chain
-  whether the digest is already committed (a restart after the commit landed), and treats a
-  duplicate revert the same way (a retry after a receipt was lost).
+  is cleared only once the outcome is logged. `submit` is idempotent: resuming, it first asks the
+  chain whether the digest is already committed (a restart after the commit landed), and it
+  treats a duplicate revert the same way (a retry after a receipt was lost). A fresh
+  contribution skips the look-up: its nonce was reserved moments ago, so its digest cannot be
+  on-chain, and the duplicate-revert path covers the impossible case.
 - Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
@@ -184,8 +186,10 @@ class Contributor:
         from krill.chain.events import Committed
 
         digest = bytes.fromhex(pending.digest)
-        with phase("chain_read"):
-            existing = self._own_commit(digest)
+        existing = 0
+        if resumed:  # a fresh contribution's digest cannot be on-chain yet (its nonce was just reserved)
+            with phase("chain_read"):
+                existing = self._own_commit(digest)
         if existing:
             return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=existing))
         t = time.perf_counter()

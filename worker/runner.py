@@ -9,8 +9,10 @@ Design decisions:
 - The nonce sequence lives in the state directory; when that state is fresh (first start, or a
   state directory lost), the next nonce is recovered from this worker's `Committed` events, so a
   wiped disk cannot make the worker reuse a nonce.
-- Before each contribution the stake is looked at again: a worker slashed and jailed meanwhile
-  stops with a clear message instead of burning gas on reverts.
+- The stake is looked at again whenever a new version is published (not before every
+  contribution: those chain reads were a fifth of the per-contribution overhead): a worker slashed
+  and jailed meanwhile stops with a clear message instead of burning gas on reverts, and a commit
+  the contract refuses for the stake in between stops it the same way.
 - `max_contributions` counts commits that landed (a resumed one included); dropped stale work
   does not count.
 """
@@ -150,11 +152,14 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
         committed += resumed.status == COMMITTED
     per_version: dict[int, int] = {}
     cap = config.worker.max_per_version
+    checked_at: int | None = None  # the version the stake was last found eligible at
     while limit is None or committed < limit:
-        s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
-                       "chain (stake)")
-        if cap is not None and per_version.get(s.backoff.call(s.contributor.source.latest, "chain (latest version)"),
-                                               0) >= cap:
+        latest = s.backoff.call(s.contributor.source.latest, "chain (latest version)")
+        if latest != checked_at:
+            s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
+                           "chain (stake)")
+            checked_at = latest
+        if cap is not None and per_version.get(latest, 0) >= cap:
             # This version has our share; more work now would only go stale. Wait for the next one.
             time.sleep(config.worker.poll_interval_s)
             continue
