@@ -119,6 +119,9 @@ def _protocol_md(r: dict) -> list[str]:
                 "`krill.db` to add its time to each target).", ""]
     lines = [f"## Full protocol (`krill demo`, {p['db']}: {p['versions']} versions in {p['seconds']:.0f} s)", "",
              *([p["note"], ""] if p.get("note") else []),
+             "Protocol time: the coordinator's recorded wall seconds per version, summed from version 0's "
+             "publication (set-up excluded), up to the first of its evaluations (500 held-out prompts, every "
+             "few versions) at or above the target; TRL's is its median training time to the same target.", "",
              "| target | protocol seconds | TRL median seconds | protocol / TRL |", "|---|---:|---:|---:|"]
     for key, seconds in p["time_to"].items():
         tt = trl["time_to"].get(key) if trl else None
