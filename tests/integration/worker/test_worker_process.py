@@ -58,24 +58,29 @@ def test_worker_rides_out_chain_outages_and_a_kill_between_upload_and_commit(wor
     state_file = state_dir / "runs" / run.run_id.hex() / "state.json"
     config = env.config_path(RESTARTED, run, state_dir, rpc_url=proxy.url)
     first_log = tmp_path / "first.log"
-    # 1. The chain's port is dead at start: the worker waits instead of crashing.
-    first = start_worker(config, "--max-contributions", "3", log=first_log)
+    # 1. The chain's port is dead at start: the worker waits instead of crashing, then makes one commit.
+    first = start_worker(config, "--max-contributions", "1", log=first_log)
     processes.append(first)
     wait_for(lambda: "unreachable" in first_log.read_text(), 60, "a back-off line", first, first_log)
     proxy.start("up")
     try:
-        wait_for(lambda: commits_of(env, run, RESTARTED), 120, "the first commit", first, first_log)
-        # 2. Transactions fail from now on: the next contribution is saved and uploaded, then waits.
+        assert first.wait(timeout=120) == 0, first_log.read_text()
+        assert [c.nonce for c in commits_of(env, run, RESTARTED)] == [0]
+        # 2. Transactions fail from now on (switched between processes: a worker switched mid-run can
+        # land its next commit first): the next contribution is saved and uploaded, then waits.
         proxy.mode = "writes-down"
+        blocked_log = tmp_path / "blocked.log"
+        blocked = start_worker(config, "--max-contributions", "2", log=blocked_log)
+        processes.append(blocked)
 
         def pending():
             doc = json.loads(state_file.read_text())
-            blocked = "chain (commit): unreachable" in first_log.read_text()
-            return doc["pending"] if doc["pending"] and blocked else None
+            stuck = "chain (commit): unreachable" in blocked_log.read_text()
+            return doc["pending"] if doc["pending"] and stuck else None
 
-        saved = wait_for(pending, 120, "a pending commit blocked by the outage", first, first_log)
-        os.kill(first.pid, signal.SIGKILL)  # 3. kill -9 between upload and commit
-        first.wait(timeout=10)
+        saved = wait_for(pending, 120, "a pending commit blocked by the outage", blocked, blocked_log)
+        os.kill(blocked.pid, signal.SIGKILL)  # 3. kill -9 between upload and commit
+        blocked.wait(timeout=10)
         assert [c.nonce for c in commits_of(env, run, RESTARTED)] == [0]
         proxy.mode = "up"
         # 4. Restart: the saved commit goes in with the same digest, then the sequence continues.
