@@ -26,8 +26,11 @@ def test_honest_and_forging_workers_commit_contributions_that_replay(worker_env,
     forger = start_worker(env.config_path(FORGER, run, tmp_path / "forger"), "--behavior", "forge-rewards",
                           "--max-contributions", "2", log=logs[FORGER])
     processes += [honest, forger]
-    # Publish version 1 while the workers run: later contributions must learn (and sample) at it.
-    wait_for(lambda: commits_of(env, run, HONEST), 120, "the honest worker's first commit", honest, logs[HONEST])
+    # Publish version 1 while the workers run: later contributions must learn (and sample) at it. The
+    # worker commits at most two per version (worker.max_per_version), so it waits for version 1 after
+    # two; publishing any earlier would leave the fourth waiting for a version 2 nobody publishes.
+    wait_for(lambda: len(commits_of(env, run, HONEST)) >= 2, 120, "the honest worker's first two commits", honest,
+             logs[HONEST])
     assert env.publish_next(run) == 1
     for proc, i in ((honest, HONEST), (forger, FORGER)):
         assert proc.wait(timeout=120) == 0, logs[i].read_text()
