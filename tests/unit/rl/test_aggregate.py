@@ -111,3 +111,22 @@ def test_trimmed_mean_pairwise_and_sort_paths_agree(monkeypatch):
         monkeypatch.undo()
         assert torch.allclose(pairwise[0], by_sort[0], atol=1e-12) and torch.allclose(pairwise[1], by_sort[1], atol=1e-12)
         assert torch.allclose(pairwise[1].sum(dim=0), torch.full((300,), float(w.sum()) * 0.6, dtype=torch.float64))
+
+
+def test_trimmed_mean_counted_path_agrees_with_the_sort_path(monkeypatch):
+    """Few distinct weights (counted per weight value) against the stable sort, ties included."""
+    import krill.rl.aggregate as agg
+
+    g = torch.Generator().manual_seed(11)
+    for n, levels in ((2, (1.0,)), (5, (1.0, 0.5)), (8, (1.0, 0.5, 1 / 3)), (16, (0.7, 0.2, 0.1))):
+        x = torch.randint(-4, 5, (n, 300), generator=g).double()  # many ties
+        w = torch.tensor([levels[int(k)] for k in torch.randint(0, len(levels), (n,), generator=g)],
+                         dtype=torch.float64)
+        counted = agg.weighted_trimmed_mean(x, w, 0.2)
+        monkeypatch.setattr(agg, "_COUNTED_MAX_VALUES", 0)
+        pairwise = agg.weighted_trimmed_mean(x, w, 0.2)
+        monkeypatch.setattr(agg, "_PAIRWISE_MAX", 0)
+        by_sort = agg.weighted_trimmed_mean(x, w, 0.2)
+        monkeypatch.undo()
+        for other in (pairwise, by_sort):
+            assert torch.allclose(counted[0], other[0], atol=1e-12) and torch.allclose(counted[1], other[1], atol=1e-12)
