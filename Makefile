@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast setup lint bench-smoke clean
+.PHONY: demo test test-fast setup bench-setup lint bench-smoke clean
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -21,6 +21,13 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
+
+# The benchmarks' comparison packages (TRL, ByzFL). ByzFL declares torchvision, whose wheel does not
+# match the CPU torch build and breaks transformers' imports; the aggregate benchmark loads ByzFL's
+# aggregators module without it, so it is removed again.
+bench-setup: setup
+	$(BIN)/pip install --quiet -e ".[bench]"
+	$(BIN)/pip uninstall --quiet -y torchvision
 
 demo: setup
 	$(BIN)/krill demo
