@@ -200,18 +200,18 @@ class Transactor:
         contribution 50 ms for nothing. A public chain's blocks take seconds, where the 50 ms cap
         keeps the polling cheap.
         """
-        from web3.exceptions import TimeExhausted, TransactionNotFound
+        from web3.exceptions import TimeExhausted, TransactionIndexingInProgress, TransactionNotFound
 
         deadline = time.monotonic() + self.receipt_timeout_s
         delay = 0.002
         while True:
             try:
                 return self._rpc(lambda: self.w3.eth.get_transaction_receipt(tx_hash), f"{what} (receipt)")
-            except TransactionNotFound:
-                pass
-            if time.monotonic() >= deadline:
-                raise TimeExhausted(f"{what}: transaction {Web3.to_hex(tx_hash)} "
-                                    f"is not in the chain after {self.receipt_timeout_s:g} seconds")
+            except (TransactionNotFound, TransactionIndexingInProgress):
+                # Not mined yet, or the node is still indexing (as web3's own wait treats both).
+                if time.monotonic() >= deadline:
+                    raise TimeExhausted(f"{what}: transaction {Web3.to_hex(tx_hash)} "
+                                        f"is not in the chain after {self.receipt_timeout_s:g} seconds") from None
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
 
