@@ -8,13 +8,16 @@ Design decisions:
 - The work itself is `krill.protocol.work` (sample / learn / package), the code verifiers replay;
   the strategy (`behaviors`) hooks in at each stage (sampling, rewards, gradients, signing, the
   committed version, the upload); the honest strategy's hooks are exactly the core functions.
-- Crash safety comes from `WorkerState`: the nonce is reserved before sampling, the signed bytes
-  are saved and named as pending before anything is uploaded or committed, and the pending entry
-  is cleared only once the outcome is logged. `submit` is idempotent: resuming, it first asks the
-  chain whether the digest is already committed (a restart after the commit landed), and it
-  treats a duplicate revert the same way (a retry after a receipt was lost). A fresh
-  contribution skips the look-up: its nonce was reserved moments ago, so its digest cannot be
-  on-chain, and the duplicate-revert path covers the impossible case.
+- Crash safety comes from `WorkerState`: the nonce is handed out before sampling and made durable
+  with the signed bytes, which are saved and named as pending before anything is uploaded or
+  committed; the pending entry is cleared only once the outcome is logged. `submit` is
+  idempotent: resuming, it first asks the chain whether the digest is already committed (a
+  restart after the commit landed), and it treats a duplicate revert the same way (a retry after
+  a receipt was lost). A fresh contribution skips the look-up: its nonce was never saved before,
+  so its digest cannot be on-chain, and the duplicate-revert path covers the impossible case.
+- Making (`make`: sample, learn, package, sign) and saving (`save`) are separate steps so that the
+  worker's loop can make the next contribution while the previous one is uploaded and committed
+  in the background (`krill.worker.pipeline`); `contribute` runs all of it in this thread.
 - Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
@@ -58,7 +61,9 @@ class Outcome:
     resumed: bool = False
     detail: str = ""
     # Finer phases inside `seconds` (rollout, reward, gradient, compress, hash, sign, save, chain_*,
-    # fetch_version; `krill.phases`), for `krill bench protocol`; empty for a resumed commit.
+    # fetch_version, wait_submit; `krill.phases`), for `krill bench protocol`; empty for a resumed
+    # commit. A pipelined contribution (`krill.worker.pipeline`) also has seconds["foreground"]: the
+    # part of `total` on the worker's critical path, before its upload and commit went to the background.
     phases: dict[str, float] = field(default_factory=dict)
 
     def record(self) -> dict:
@@ -96,27 +101,39 @@ class Contributor:
 
     # ------------------------------------------------------------------ produce
     def contribute(self) -> Outcome:
-        """Make one contribution at the newest versions and submit it."""
+        """Make one contribution at the newest versions and submit it (in this thread)."""
         with recording():
             prepared = self.prepare()
             if isinstance(prepared, Outcome):
                 return prepared
             return self.submit(*prepared, resumed=False)
 
-    def prepare(self):
-        """Sample, learn, package and save a contribution as pending; returns the arguments of
-        `submit`, or the Outcome of rollouts that went stale while they were sampled."""
+    def prepare(self, behaviour_version: int | None = None):
+        """`make`, then `save`: the arguments of `submit`, or the Outcome of rollouts that went stale."""
+        made = self.make(behaviour_version)
+        if isinstance(made, Outcome):
+            return made
+        self.save(made)
+        return made
+
+    def make(self, behaviour_version: int | None = None, started: float | None = None):
+        """Sample, learn, package and sign a contribution, nothing saved yet; returns the arguments of
+        `submit` (save them first), or the Outcome of rollouts that went stale while they were sampled.
+
+        `behaviour_version`: the newest version as the caller just read it (saves a chain read);
+        `started`: when the caller began this contribution (`perf_counter`; default now)."""
         from krill.protocol.work import learn
         from krill.worker.behaviors import Work
 
-        started = time.perf_counter()
-        with phase("chain_read"):
-            b = self.backoff.call(self.source.latest, "chain (latest version)")
+        started = time.perf_counter() if started is None else started
+        b = behaviour_version
+        if b is None:
+            with phase("chain_read"):
+                b = self.backoff.call(self.source.latest, "chain (latest version)")
         with phase("fetch_version"):
             engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
-        with phase("save"):
-            nonce = self.state.reserve_nonce()
+        nonce = self.state.reserve_nonce()
         work = Work(self.spec, task, tok, self.who, nonce, chain=self.chain, store=self.store, source=self.source,
                     engine=engine, shards=self.shards)
         sampled = self.behavior.sample(work)
@@ -131,7 +148,7 @@ class Contributor:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},
                               detail=f"rollouts of version {b} are more than S_max={self.spec.staleness.max_staleness} "
                                      f"behind version {v}", phases=current(), **summary)
-            self.state.log(outcome.record())
+            self.state.drop(outcome.record())
             return outcome
         with phase("fetch_version"):
             model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
@@ -144,10 +161,16 @@ class Contributor:
         header_bytes = header.encode()
         pending = Pending(model_version=self.behavior.commit_version(work, v, v), behaviour_version=b, nonce=nonce,
                           digest=header.digest.hex(), files=sorted(files), summary=summary)
-        with phase("save"):
-            self.state.save_pending(pending, header_bytes, files)
         seconds["package"] = time.perf_counter() - t
         return pending, header_bytes, files, seconds, started
+
+    def save(self, made) -> None:
+        """Make a contribution from `make` durable and name it as pending (before any upload or commit)."""
+        pending, header_bytes, files, seconds, _ = made
+        t = time.perf_counter()
+        with phase("save"):
+            self.state.save_pending(pending, header_bytes, files)
+        seconds["package"] += time.perf_counter() - t
 
     def resume(self) -> Outcome | None:
         """Finish the pending commit a previous run left, if any."""

@@ -5,16 +5,26 @@ Design decisions:
   (`runs/<run id>/state.json`), replaced atomically: written to a temporary file, fsynced,
   renamed over the old one, and the directory fsynced. A reader sees the old state or the new,
   never a torn one.
-- A nonce is reserved (the next nonce persisted as n + 1) before any work is done with n. A crash
-  during sampling or learning leaves a gap in the sequence, never a reuse: the contract keys a
-  commit by (run, worker, version, nonce), and a restarted worker must not sign a second, different
-  contribution under a nonce whose first one might already be on its way.
+- A nonce is handed out in memory before any work is done with it, and made durable together with
+  the first thing that can leave the machine under it: the pending contribution (one state write
+  names the contribution and moves `next_nonce` past it), or the log line of work dropped before
+  it was saved. A crash during sampling or learning may hand the same nonce out again, which is
+  safe: nothing was signed and saved under it, so nothing can be on its way. What must never
+  happen, a second, different contribution signed under a nonce whose first one might already be
+  uploaded or committed (the contract keys a commit by (run, worker, version, nonce)), cannot:
+  that first one was saved, and with it the higher `next_nonce`. (Persisting the reservation on
+  its own cost two fsyncs per contribution on the worker's critical path for no safety.)
 - The contribution is made durable before it is committed: the exact bytes (signed header and
-  every file) go to `pending/<digest>/` first, then the state names them as `pending` with
-  (learner version, behaviour version, nonce, digest). After a restart the pending commit is
-  looked up on-chain by digest; if it is there the worker moves on, otherwise it re-uploads the
-  same bytes and commits the same digest. Nothing is recomputed, so the digest cannot change and
-  a commit can never be made twice.
+  every file) go to one bundle file `pending/<digest>.bundle` first (written to a temporary
+  file, fsynced, renamed; one fsync however many files the contribution has), then the state
+  names it as `pending` with (learner version, behaviour version, nonce, digest). After a restart
+  the pending commit is looked up on-chain by digest; if it is there the worker moves on,
+  otherwise it re-uploads the same bytes and commits the same digest. Nothing is recomputed, so
+  the digest cannot change and a commit can never be made twice. A pending contribution saved by
+  an earlier version as a folder of files (`pending/<digest>/`) is still read.
+- Thread-safe: the worker submits one contribution in a background thread while it makes the
+  next (`krill.worker.pipeline`); every method that touches the document or the files holds one
+  lock.
 - Every finished nonce (committed, dropped as stale, ...) is appended to `contributions.jsonl`
   (fsynced) before the pending entry is cleared; a crash in between repeats the line on restart,
   marked `resumed`, but never loses it.
@@ -26,6 +36,8 @@ import hashlib
 import json
 import os
 import shutil
+import struct
+import threading
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +46,7 @@ from krill.worker.errors import WorkerStateError
 
 STATE_FORMAT = "krill-worker-state/1"
 HEADER_FILE = "header.json"
+BUNDLE_MAGIC = b"KRILLPB1"  # magic, 4-byte big-endian index length, JSON index [[name, size], ...], the bytes
 
 
 class Pending(BaseModel):
@@ -77,6 +90,33 @@ def _write_atomic(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def _bundle(parts: list[tuple[str, bytes]]) -> bytes:
+    index = json.dumps([[name, len(data)] for name, data in parts], separators=(",", ":")).encode()
+    return b"".join([BUNDLE_MAGIC, struct.pack(">I", len(index)), index, *(data for _, data in parts)])
+
+
+def _unbundle(blob: bytes, where: Path) -> dict[str, bytes]:
+    """The files of a bundle by name; a `WorkerStateError` naming `where` if it is not a whole bundle."""
+    try:
+        if not blob.startswith(BUNDLE_MAGIC):
+            raise ValueError("not a pending bundle")
+        (length,) = struct.unpack_from(">I", blob, len(BUNDLE_MAGIC))
+        at = len(BUNDLE_MAGIC) + 4
+        index = json.loads(blob[at:at + length])
+        at += length
+        out = {}
+        for name, size in index:
+            if at + size > len(blob):
+                raise ValueError("truncated")
+            out[name] = blob[at:at + size]
+            at += size
+        if at != len(blob):
+            raise ValueError("trailing bytes")
+        return out
+    except (ValueError, TypeError, struct.error) as exc:
+        raise WorkerStateError(f"saved contribution {where} is damaged ({exc})") from None
+
+
 class WorkerState:
     """Nonce sequence, pending commit and outcome log of one worker in one run."""
 
@@ -84,6 +124,7 @@ class WorkerState:
         self.directory = directory
         self._doc = doc
         self.existed = existed  # False: a fresh state (the caller may recover the nonce from the chain)
+        self._lock = threading.RLock()
 
     @classmethod
     def open(cls, state_dir: Path, run_id: bytes, worker: str) -> WorkerState:
@@ -119,62 +160,85 @@ class WorkerState:
         return self._doc.next_nonce
 
     def reserve_nonce(self) -> int:
-        """The next nonce, persisted as used before it is returned."""
-        nonce = self._doc.next_nonce
-        self._doc.next_nonce = nonce + 1
-        self._save()
-        return nonce
+        """The next nonce; persisted with the contribution saved under it (see the module docstring)."""
+        with self._lock:
+            nonce = self._doc.next_nonce
+            self._doc.next_nonce = nonce + 1
+            return nonce
 
     def advance_to(self, nonce: int) -> None:
         """Never hand out a nonce below `nonce` (after learning of commits from the chain)."""
-        if nonce > self._doc.next_nonce:
-            self._doc.next_nonce = nonce
-            self._save()
+        with self._lock:
+            if nonce > self._doc.next_nonce:
+                self._doc.next_nonce = nonce
+                self._save()
 
     # ------------------------------------------------------------------ pending commit
     @property
     def pending(self) -> Pending | None:
         return self._doc.pending
 
-    def _pending_dir(self, digest: str) -> Path:
+    def _bundle_path(self, digest: str) -> Path:
+        return self.directory / "pending" / f"{digest}.bundle"
+
+    def _legacy_dir(self, digest: str) -> Path:
         return self.directory / "pending" / digest
 
     def save_pending(self, pending: Pending, header: bytes, files: dict[str, bytes]) -> None:
         """Make the contribution durable, then name it as pending (in that order)."""
-        if self._doc.pending is not None:
-            raise WorkerStateError(f"a commit is already pending (nonce {self._doc.pending.nonce})")
-        if hashlib.sha256(header).hexdigest() != pending.digest or sorted(files) != sorted(pending.files):
-            raise WorkerStateError("pending entry does not describe the bytes being saved")
-        folder = self._pending_dir(pending.digest)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, data in [(HEADER_FILE, header), *files.items()]:
-            _write_atomic(folder / name, data)
-        self._doc.pending = pending
-        self._save()
+        with self._lock:
+            if self._doc.pending is not None:
+                raise WorkerStateError(f"a commit is already pending (nonce {self._doc.pending.nonce})")
+            if hashlib.sha256(header).hexdigest() != pending.digest or sorted(files) != sorted(pending.files):
+                raise WorkerStateError("pending entry does not describe the bytes being saved")
+            if HEADER_FILE in files:
+                raise WorkerStateError(f"a contribution file may not be named {HEADER_FILE}")
+            path = self._bundle_path(pending.digest)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(path, _bundle([(HEADER_FILE, header), *sorted(files.items())]))
+            self._doc.pending = pending
+            self._doc.next_nonce = max(self._doc.next_nonce, pending.nonce + 1)
+            self._save()
 
     def pending_payload(self) -> tuple[bytes, dict[str, bytes]]:
         """The saved header and files of the pending commit, checked against its digest."""
-        pending = self._doc.pending
-        if pending is None:
-            raise WorkerStateError("no commit is pending")
-        folder = self._pending_dir(pending.digest)
-        try:
-            header = (folder / HEADER_FILE).read_bytes()
-            files = {name: (folder / name).read_bytes() for name in pending.files}
-        except OSError as exc:
-            raise WorkerStateError(f"saved contribution {folder} is incomplete ({exc})") from None
-        if hashlib.sha256(header).hexdigest() != pending.digest:
-            raise WorkerStateError(f"saved header in {folder} does not hash to the pending digest")
-        return header, files
+        with self._lock:
+            pending = self._doc.pending
+            if pending is None:
+                raise WorkerStateError("no commit is pending")
+            path = self._bundle_path(pending.digest)
+            try:
+                if path.exists():
+                    saved = _unbundle(path.read_bytes(), path)
+                else:  # saved by an earlier version: one file each in a folder
+                    path = self._legacy_dir(pending.digest)
+                    saved = {name: (path / name).read_bytes() for name in [HEADER_FILE, *pending.files]}
+            except OSError as exc:
+                raise WorkerStateError(f"saved contribution {path} is incomplete ({exc})") from None
+            header = saved.pop(HEADER_FILE, b"")
+            if hashlib.sha256(header).hexdigest() != pending.digest:
+                raise WorkerStateError(f"saved header in {path} does not hash to the pending digest")
+            missing = sorted(set(pending.files) - set(saved))
+            if missing:
+                raise WorkerStateError(f"saved contribution {path} is incomplete (missing {', '.join(missing)})")
+            return header, {name: saved[name] for name in pending.files}
 
     def finish(self, outcome: dict) -> None:
         """Log the outcome of the pending commit, then clear it and delete its saved bytes."""
-        pending = self._doc.pending
-        self.log(outcome)
-        self._doc.pending = None
-        self._save()
-        if pending is not None:
-            shutil.rmtree(self._pending_dir(pending.digest), ignore_errors=True)
+        with self._lock:
+            pending = self._doc.pending
+            self.log(outcome)
+            self._doc.pending = None
+            self._save()
+            if pending is not None:
+                self._bundle_path(pending.digest).unlink(missing_ok=True)
+                shutil.rmtree(self._legacy_dir(pending.digest), ignore_errors=True)
+
+    def drop(self, outcome: dict) -> None:
+        """Log the outcome of work dropped before it was saved (stale rollouts) and persist its nonce as used."""
+        with self._lock:
+            self.log(outcome)
+            self._save()
 
     # ------------------------------------------------------------------ outcome log
     @property
@@ -183,7 +247,7 @@ class WorkerState:
 
     def log(self, outcome: dict) -> None:
         line = json.dumps(outcome, sort_keys=True, separators=(",", ":")) + "\n"
-        with open(self.log_path, "a", encoding="utf-8") as fh:
+        with self._lock, open(self.log_path, "a", encoding="utf-8") as fh:
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
@@ -200,4 +264,5 @@ class WorkerState:
         return out
 
     def _save(self) -> None:
-        _write_atomic(self.directory / "state.json", self._doc.model_dump_json(indent=1).encode())
+        with self._lock:
+            _write_atomic(self.directory / "state.json", self._doc.model_dump_json(indent=1).encode())

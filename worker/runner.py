@@ -13,6 +13,10 @@ Design decisions:
   contribution: those chain reads were a fifth of the per-contribution overhead): a worker slashed
   and jailed meanwhile stops with a clear message instead of burning gas on reverts, and a commit
   the contract refuses for the stake in between stops it the same way.
+- Contribution n + 1 is made while contribution n is uploaded and committed in a background
+  thread (`SubmitPipeline`, one in flight); its outcome is reported when it is known. The
+  per-version cap counts the commit in flight; `max_contributions` stops making new work once
+  the landed commits plus the one in flight reach it, and goes on if that one fails.
 - `max_contributions` counts commits that landed (a resumed one included); dropped stale work
   does not count.
 """
@@ -24,10 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from krill.config import KrillConfig
+from krill.phases import phase, recording
 from krill.worker.backoff import Backoff
 from krill.worker.contribute import COMMITTED, Contributor, Outcome, jailed_message
 from krill.worker.errors import JailedError, KeyMismatchError, NotStakedError
 from krill.worker.nonce_state import WorkerState
+from krill.worker.pipeline import SubmitPipeline
 
 
 def check_eligible(chain, address: str, ed25519_key: bytes) -> None:
@@ -143,32 +149,55 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
          + (f" | resuming nonce {s.state.pending.nonce}" if s.state.pending else ""))
     outcomes: list[Outcome] = []
     committed = 0
-    resumed = s.contributor.resume()
-    if resumed is not None:
-        echo(resumed.line())
-        if on_outcome is not None:
-            on_outcome(resumed)
-        outcomes.append(resumed)
-        committed += resumed.status == COMMITTED
-    per_version: dict[int, int] = {}
-    cap = config.worker.max_per_version
-    checked_at: int | None = None  # the version the stake was last found eligible at
-    while limit is None or committed < limit:
-        latest = s.backoff.call(s.contributor.source.latest, "chain (latest version)")
-        if latest != checked_at:
-            s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
-                           "chain (stake)")
-            checked_at = latest
-        if cap is not None and per_version.get(latest, 0) >= cap:
-            # This version has our share; more work now would only go stale. Wait for the next one.
-            time.sleep(config.worker.poll_interval_s)
-            continue
-        outcome = s.contributor.contribute()
-        if outcome.status == COMMITTED and outcome.model_version is not None:
-            per_version[outcome.model_version] = per_version.get(outcome.model_version, 0) + 1
+
+    def report(outcome: Outcome | None) -> None:
+        nonlocal committed
+        if outcome is None:
+            return
         echo(outcome.line())
         if on_outcome is not None:
             on_outcome(outcome)
         outcomes.append(outcome)
         committed += outcome.status == COMMITTED
+        if outcome.status == COMMITTED and outcome.model_version is not None and not outcome.resumed:
+            per_version[outcome.model_version] = per_version.get(outcome.model_version, 0) + 1
+
+    per_version: dict[int, int] = {}  # commits that landed, per version
+    report(s.contributor.resume())
+    cap = config.worker.max_per_version
+    checked_at: int | None = None  # the version the stake was last found eligible at
+    pipeline = SubmitPipeline(s.contributor)
+    while True:
+        if pipeline.done():
+            report(pipeline.wait())
+        if limit is not None and committed + pipeline.in_flight >= limit:
+            if not pipeline.in_flight:
+                break
+            report(pipeline.wait())  # the last one may still fail (stale): then the loop goes on
+            continue
+        with recording() as phases:  # this contribution's phases, its chain reads included
+            started = time.perf_counter()
+            with phase("chain_read"):
+                latest = s.backoff.call(s.contributor.source.latest, "chain (latest version)")
+                if latest != checked_at:
+                    s.backoff.call(lambda: check_eligible(s.chain, s.identity.address,
+                                                          s.identity.ed25519_public_key), "chain (stake)")
+                    checked_at = latest
+            at_latest = per_version.get(latest, 0) + (pipeline.model_version == latest)
+            if cap is not None and at_latest >= cap:
+                # This version has our share; more work now would only go stale. Wait for the next one.
+                if pipeline.in_flight:
+                    report(pipeline.wait())
+                else:
+                    time.sleep(config.worker.poll_interval_s)
+                continue
+            made = s.contributor.make(latest, started)
+            if isinstance(made, Outcome):
+                report(made)
+                continue
+            with phase("wait_submit"):
+                previous = pipeline.wait()
+            s.contributor.save(made)
+        report(previous)
+        pipeline.start(made, phases)
     return outcomes

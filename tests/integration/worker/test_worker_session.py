@@ -5,9 +5,11 @@ stake / eligibility errors of the CLI."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 from click.testing import CliRunner
 from worker_accounts import PASSWORD, UNSTAKED, VERIFIER
+from worker_procs import commits_of
 
 from krill.chain.events import Committed
 from krill.config import load_config
@@ -38,7 +40,7 @@ def test_restart_after_the_commit_landed_moves_on_without_committing_again(worke
     outcome = again.contributor.resume()
     assert (outcome.status, outcome.resumed, outcome.commit_id) == ("committed", True, landed.commit_id)
     assert env.admin.commit_count() == count  # nothing committed twice
-    assert again.state.pending is None and not (again.state.directory / "pending" / pending.digest).exists()
+    assert again.state.pending is None and not list((again.state.directory / "pending").iterdir())
     following = again.contributor.contribute()
     assert following.status == "committed" and following.nonce == 1
     assert [h["nonce"] for h in again.state.history()] == [0, 1]
@@ -118,3 +120,23 @@ def test_jailed_worker_stops_with_a_clear_message(worker_env, tmp_path):
     env.admin.slash(outcome.commit_id)
     result = _cli(env, run, JAILED, tmp_path / "state", "run", "--max-contributions", "1")
     assert result.exit_code == 1 and "is jailed" in result.output and "krill worker stake" in result.output
+
+
+def test_the_next_contribution_is_made_while_the_previous_one_is_committed(worker_env, tmp_path):
+    from krill.worker.runner import run_worker
+
+    env = worker_env
+    run = env.new_run("pipelined")
+    lines: list[str] = []
+    config = load_config(env.config_path(RESUMER, run, tmp_path / "state"))
+    outcomes = run_worker(config, max_contributions=2, echo=lines.append)
+    assert [(o.nonce, o.status) for o in outcomes] == [(0, "committed"), (1, "committed")]
+    assert [c.nonce for c in commits_of(env, run, RESUMER)] == [0, 1]
+    log = tmp_path / "state" / "runs" / run.run_id.hex() / "contributions.jsonl"
+    first, second = (json.loads(line) for line in log.read_text().splitlines())  # "time": when each was logged
+    # Each contribution's time on the critical path ends before its upload and commit do.
+    assert all(0 < o.seconds["foreground"] < o.seconds["total"] for o in outcomes)
+    # The second was started before the first's commit finished, and waited for it before saving.
+    assert second["time"] - second["seconds"]["total"] < first["time"]
+    assert "wait_submit" in second["phases"] and "chain_confirm" in second["phases"]
+    assert sum(line.count("commit #") for line in lines) == 2

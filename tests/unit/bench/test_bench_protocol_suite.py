@@ -126,3 +126,28 @@ def test_growth_exponents_read_flat_and_linear():
     assert g["coordinator_wall_s_per_version"]["reading"] == "linear"
     assert g["worker_total_mib"]["exponent"] == pytest.approx(1.0)
     assert g["index_lag_s_median"]["reading"] == "not enough points"
+
+
+def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
+    def pipelined(t, total, foreground, **phases):
+        r = _record("a", t, total, **phases)
+        r["seconds"]["foreground"] = foreground
+        return r
+
+    # Each contribution: 1.2 s on the critical path (1.0 RL, 0.1 save, 0.05 waiting for the previous commit,
+    # 0.05 unnamed), then 0.25 s of upload and commit in the background.
+    records = [pipelined(10.0, 5.0, 4.5, rollout=4.0),
+               pipelined(11.6, 1.45, 1.2, rollout=0.8, gradient=0.2, save=0.1, wait_submit=0.05, chain_confirm=0.05),
+               pipelined(14.0, 1.45, 1.2, rollout=0.8, gradient=0.2, save=0.1, wait_submit=0.05, chain_confirm=0.05)]
+    parts = worker_parts(records[1])
+    assert parts["other"] == pytest.approx(0.05) and parts["upload"] == 0.05
+    assert parts["chain_tx"] == pytest.approx(0.15)
+    # Starts at 5.0, 10.15 and 12.55; critical paths end at 9.5 and 11.35.
+    assert waiting_gaps(records) == {1: pytest.approx(0.65), 2: pytest.approx(1.2)}
+    w = worker_breakdown(records)
+    assert w["busy_seconds"] == pytest.approx(2.4) and w["pipelined"] == 2
+    assert w["overlapped_seconds"] == pytest.approx(0.5)
+    assert w["overhead_pct"] == pytest.approx(100 * 0.2 / 1.2)
+    rows = {row["part"]: row for row in w["parts"]}
+    assert rows["chain_tx"]["seconds"] == 0 and rows["chain_tx"]["overlapped_seconds"] == pytest.approx(0.3)
+    assert rows["wait_submit"]["seconds"] == pytest.approx(0.1)

@@ -24,11 +24,17 @@ def _pending(nonce: int, header: bytes) -> Pending:
                    files=["grad-0.safetensors", "rollouts.safetensors"], summary={"tokens": 7})
 
 
-def test_nonces_are_reserved_durably_and_never_handed_out_twice(tmp_path):
+def test_a_nonce_becomes_durable_with_the_contribution_saved_under_it(tmp_path):
     state = WorkerState.open(tmp_path, RUN, WORKER)
     assert not state.existed and [state.reserve_nonce() for _ in range(3)] == [0, 1, 2]
+    # Nothing was saved under 0..2 (a crash mid-sampling): handing them out again is safe.
+    assert WorkerState.open(tmp_path, RUN, WORKER).next_nonce == 0
+    header = b'{"header":2}'
+    state.save_pending(_pending(2, header), header, {"rollouts.safetensors": b"r", "grad-0.safetensors": b"g"})
     reopened = WorkerState.open(tmp_path, RUN, WORKER.upper().replace("0X", "0x"))
-    assert reopened.existed and reopened.reserve_nonce() == 3
+    assert reopened.existed and reopened.reserve_nonce() == 3  # never 2 again: it is on its way
+    reopened.drop({"nonce": 3, "status": "rollouts-stale"})  # logged work persists its nonce as used
+    assert WorkerState.open(tmp_path, RUN, WORKER).next_nonce == 4
     reopened.advance_to(2)
     assert reopened.next_nonce == 4
     reopened.advance_to(10)
@@ -47,7 +53,7 @@ def test_pending_contribution_survives_a_reopen_and_is_cleared_after_logging(tmp
     assert again.pending == pending and again.pending_payload() == (header, files)
     again.finish({"nonce": 0, "status": "committed"})
     assert again.pending is None and WorkerState.open(tmp_path, RUN, WORKER).pending is None
-    assert not (again.directory / "pending").joinpath(pending.digest).exists()
+    assert not list((again.directory / "pending").iterdir())
     with open(again.log_path, "a") as fh:
         fh.write('{"nonce": 1, "sta')  # torn by a crash mid-append
     assert again.history() == [{"nonce": 0, "status": "committed"}]
@@ -59,9 +65,31 @@ def test_pending_bytes_are_checked_against_the_digest(tmp_path):
     with pytest.raises(WorkerStateError, match="does not describe"):
         state.save_pending(_pending(0, b"other"), header, {"rollouts.safetensors": b"", "grad-0.safetensors": b""})
     state.save_pending(_pending(0, header), header, {"rollouts.safetensors": b"", "grad-0.safetensors": b""})
-    (state.directory / "pending" / state.pending.digest / "header.json").write_bytes(b"tampered")
+    bundle = state.directory / "pending" / f"{state.pending.digest}.bundle"
+    saved = bundle.read_bytes()
+    bundle.write_bytes(saved.replace(header, b"HEADER BYTES"))
     with pytest.raises(WorkerStateError, match="does not hash"):
         state.pending_payload()
+    bundle.write_bytes(saved[:len(saved) - len(header) - 1])
+    with pytest.raises(WorkerStateError, match="damaged"):
+        state.pending_payload()
+
+
+def test_a_pending_contribution_saved_as_a_folder_by_an_earlier_version_is_still_read(tmp_path):
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    header = b'{"header":3}'
+    files = {"rollouts.safetensors": b"r" * 3, "grad-0.safetensors": b"g" * 4}
+    state.save_pending(_pending(0, header), header, files)
+    digest = state.pending.digest
+    (state.directory / "pending" / f"{digest}.bundle").unlink()
+    folder = state.directory / "pending" / digest
+    folder.mkdir()
+    for name, data in [("header.json", header), *files.items()]:
+        (folder / name).write_bytes(data)
+    again = WorkerState.open(tmp_path, RUN, WORKER)
+    assert again.pending_payload() == (header, files)
+    again.finish({"nonce": 0, "status": "committed"})
+    assert not folder.exists()
 
 
 def test_state_of_another_run_or_a_damaged_file_is_refused(tmp_path):

@@ -1,0 +1,66 @@
+"""The background submission: one in flight, its outcome or its exception handed to the caller's thread,
+and the contribution's phases recorded across the two threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from krill.phases import current, phase, recording
+from krill.worker.errors import JailedError
+from krill.worker.pipeline import SubmitPipeline
+
+
+class _Submitter:
+    """Records what `submit` was given; blocks until released; fails when told to."""
+
+    def __init__(self, fail: BaseException | None = None):
+        self.release, self.fail, self.calls = threading.Event(), fail, []
+
+    def submit(self, pending, header, files, seconds, started, resumed):
+        self.release.wait(10)
+        with phase("chain_confirm"):
+            pass
+        if self.fail is not None:
+            raise self.fail
+        self.calls.append((pending.nonce, header, files, resumed))
+        return SimpleNamespace(nonce=pending.nonce, seconds=seconds, phases=current())
+
+
+def _made(nonce: int):
+    return (SimpleNamespace(nonce=nonce, model_version=7), b"h", {"f": b"x"}, {"sample": 0.1}, time.perf_counter())
+
+
+def test_one_submission_in_flight_and_its_outcome_carries_both_threads_phases():
+    sub = _Submitter()
+    pipe = SubmitPipeline(sub)
+    assert pipe.wait() is None and not pipe.in_flight
+    with recording() as phases:
+        with phase("rollout"):
+            pass
+        pipe.start(_made(3), phases)
+    assert pipe.in_flight and pipe.model_version == 7 and not pipe.done()
+    with pytest.raises(RuntimeError, match="already in flight"):
+        pipe.start(_made(4), {})
+    sub.release.set()
+    outcome = pipe.wait()
+    assert outcome.nonce == 3 and sub.calls == [(3, b"h", {"f": b"x"}, False)]
+    assert {"rollout", "chain_confirm"} <= set(outcome.phases)
+    assert 0 <= outcome.seconds["foreground"] and outcome.seconds["sample"] == 0.1
+    assert not pipe.in_flight and pipe.model_version is None
+
+
+def test_a_submissions_exception_is_raised_by_wait_in_the_callers_thread():
+    sub = _Submitter(JailedError("worker 0xab is jailed"))
+    sub.release.set()
+    pipe = SubmitPipeline(sub)
+    pipe.start(_made(0), {})
+    with pytest.raises(JailedError, match="is jailed"):
+        pipe.wait()
+    assert not pipe.in_flight
+    sub.fail = None
+    pipe.start(_made(1), {})  # the pipeline is usable again
+    assert pipe.wait().nonce == 1

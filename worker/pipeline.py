@@ -1,0 +1,73 @@
+"""Submitting one contribution in the background while the worker makes the next.
+
+Design decisions:
+- At most one submission is in flight: `WorkerState` names one pending contribution at a time,
+  and the next one is saved only after the previous submission finished (`wait`). The overlap is
+  the upload, the commit transaction and its receipt wait of contribution n with the sampling and
+  learning of contribution n + 1, the RL work; the main thread waits only if a submission takes
+  longer than making the next contribution (recorded as the phase `wait_submit`).
+- Crash safety is unchanged: a contribution is durable (saved as pending) before its submission
+  starts, so a process killed mid-submission resumes it on restart exactly as before. The thread
+  is a daemon: a worker stopped by an exception or Ctrl-C does not hang on a submission stuck in
+  back-off; what it abandoned is the pending contribution the next start resumes.
+- A submission's exception (jailed, a foreign digest, ...) is raised in the main thread by `wait`,
+  where the sequential loop would have raised it.
+- Phases go on in the contribution's own recording (`krill.phases` is per thread, so the
+  background thread opens it again with the same dict); `seconds["foreground"]` is the part of the
+  contribution's time on the critical path (making, waiting for the previous submission, saving).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from krill.phases import recording
+
+
+class SubmitPipeline:
+    """One background submission at a time for a `Contributor`."""
+
+    def __init__(self, contributor):
+        self.contributor = contributor
+        self._thread: threading.Thread | None = None
+        self._result = None
+        self._error: BaseException | None = None
+        self.model_version: int | None = None  # the in-flight commit's version, for the per-version cap
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None
+
+    def start(self, made, phases: dict[str, float]) -> None:
+        """Submit a saved contribution (`Contributor.make`, then `save`) in the background."""
+        if self._thread is not None:
+            raise RuntimeError("a submission is already in flight")
+        pending, header, files, seconds, started = made
+        seconds = dict(seconds) | {"foreground": time.perf_counter() - started}
+        self._result, self._error = None, None
+        self.model_version = pending.model_version
+
+        def run() -> None:
+            try:
+                with recording(phases):
+                    self._result = self.contributor.submit(pending, header, files, seconds, started, resumed=False)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread by `wait`
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"submit-nonce-{pending.nonce}", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def wait(self):
+        """The in-flight submission's Outcome (None if none is in flight); re-raises its exception."""
+        if self._thread is None:
+            return None
+        self._thread.join()
+        self._thread, self.model_version = None, None
+        result, error, self._result, self._error = self._result, self._error, None, None
+        if error is not None:
+            raise error
+        return result
