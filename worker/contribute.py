@@ -98,6 +98,14 @@ class Contributor:
         self.backoff, self.echo = backoff, echo
         self.behaviour = BehaviourPolicy(source)
         self.learner = LearnerPolicy(source)
+        self._seen_latest: tuple[int, float] | None = None  # (newest version, monotonic time) `make` last read
+
+    def take_seen_latest(self, max_age_s: float) -> int | None:
+        """The newest version the last `make` read after sampling, if under `max_age_s` old; once only."""
+        seen, self._seen_latest = self._seen_latest, None
+        if seen is None or time.monotonic() - seen[1] > max_age_s:
+            return None
+        return seen[0]
 
     # ------------------------------------------------------------------ produce
     def contribute(self) -> Outcome:
@@ -144,6 +152,7 @@ class Contributor:
                    "tokens": int(sampled.rollouts.num_completion_tokens)}
         with phase("chain_read"):
             v = self.backoff.call(self.source.latest, "chain (latest version)")
+        self._seen_latest = (v, time.monotonic())
         if v - b > self.spec.staleness.max_staleness:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},
                               detail=f"rollouts of version {b} are more than S_max={self.spec.staleness.max_staleness} "

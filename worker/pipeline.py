@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
-from krill.phases import recording
+from krill.phases import phase, recording
 
 
 class SubmitPipeline:
@@ -39,8 +40,9 @@ class SubmitPipeline:
     def in_flight(self) -> bool:
         return self._thread is not None
 
-    def start(self, made, phases: dict[str, float]) -> None:
-        """Submit a saved contribution (`Contributor.make`, then `save`) in the background."""
+    def start(self, made, phases: dict[str, float], before: Callable[[], None] | None = None) -> None:
+        """Submit a saved contribution (`Contributor.make`, then `save`) in the background; `before` (the
+        stake check) runs first in the same thread, recorded as the phase `stake_check`."""
         if self._thread is not None:
             raise RuntimeError("a submission is already in flight")
         pending, header, files, seconds, started = made
@@ -51,6 +53,9 @@ class SubmitPipeline:
         def run() -> None:
             try:
                 with recording(phases):
+                    if before is not None:
+                        with phase("stake_check"):
+                            before()
                     self._result = self.contributor.submit(pending, header, files, seconds, started, resumed=False)
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread by `wait`
                 self._error = exc

@@ -64,13 +64,14 @@ WORKER_PARTS: tuple[tuple[str, str, bool], ...] = (
     ("fetch_version", "model fetch (new versions' shards)", False),
     ("chain_read", "chain reads (latest version, stake, commit lookup)", False),
     ("wait_submit", "waiting for the previous commit to land", False),
+    ("stake_check", "stake check (once per new version)", False),
     ("upload", "store upload", False),
     ("chain_tx", "chain transaction (estimate, sign, send)", False),
     ("chain_confirm", "chain confirmation (receipt)", False),
     ("other", "other (bookkeeping)", False),
 )
 # Parts a pipelined worker runs in the background, overlapped with its next contribution.
-BACKGROUND_PARTS = ("upload", "chain_tx", "chain_confirm")
+BACKGROUND_PARTS = ("stake_check", "upload", "chain_tx", "chain_confirm")
 # Coordinator phases: (key, label); `ingest` and `publish` are split into their parts plus a rest.
 COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("fetch", "fetch contributions (store)"),
@@ -110,7 +111,8 @@ def worker_parts(record: dict) -> dict[str, float]:
              "compress": p.get("compress", 0.0), "encode_rollouts": p.get("encode_rollouts", 0.0),
              "hash_sign": p.get("hash", 0.0) + p.get("sign", 0.0), "save": p.get("save", 0.0),
              "fetch_version": p.get("fetch_version", 0.0), "chain_read": p.get("chain_read", 0.0),
-             "wait_submit": p.get("wait_submit", 0.0), "upload": s.get("upload", 0.0),
+             "wait_submit": p.get("wait_submit", 0.0), "stake_check": p.get("stake_check", 0.0),
+             "upload": s.get("upload", 0.0),
              "chain_confirm": p.get("chain_confirm", 0.0)}
     parts["chain_tx"] = max(0.0, s.get("commit", 0.0) - parts["chain_confirm"])
     background = overlapped_parts(record)

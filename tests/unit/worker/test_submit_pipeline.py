@@ -64,3 +64,22 @@ def test_a_submissions_exception_is_raised_by_wait_in_the_callers_thread():
     sub.fail = None
     pipe.start(_made(1), {})  # the pipeline is usable again
     assert pipe.wait().nonce == 1
+
+
+def test_the_stake_check_runs_first_in_the_background_and_stops_the_commit():
+    sub = _Submitter()
+    sub.release.set()
+    pipe = SubmitPipeline(sub)
+
+    def jailed() -> None:
+        raise JailedError("worker 0xab is jailed")
+
+    with recording() as phases:
+        pipe.start(_made(5), phases, before=jailed)
+    with pytest.raises(JailedError):
+        pipe.wait()
+    assert sub.calls == []  # nothing committed after the check failed
+    checked = []
+    pipe.start(_made(6), {}, before=lambda: checked.append(threading.current_thread().name))
+    outcome = pipe.wait()
+    assert outcome.nonce == 6 and checked == ["submit-nonce-6"] and "stake_check" in outcome.phases
