@@ -32,6 +32,11 @@ DEMO_PASSWORD = "krill-demo"
 # checking 10% each catch a forger within a few versions and leave the CPU to the workers.
 DEMO_SPEC: dict = {"chain": {"challenge_window_blocks": 2000, "check_probability_ppm": 100_000}}
 TOKEN = 10**18
+# Anvil answers in milliseconds and mines at once, so the roles look for news more often than the
+# 0.5 s a public chain warrants: a worker that has its share of a version notices the next within
+# 0.1 s, and the coordinator, which passes again at once after publishing, waits 0.2 s between
+# passes that found too few contributions (a pass with nothing new costs it an index sync).
+DEMO_POLL_S = {"coordinator": 0.2, "worker": 0.1, "verifier": 0.5}
 
 
 class DemoConfig(BaseModel):
@@ -143,8 +148,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
 
         def write_configs(run_id: str | None) -> None:
             for role, name in roles:
-                extra = {"coordinator": {"eval_every": config.eval_every, "max_versions": config.versions}} \
-                    if role == "coordinator" else {}
+                extra = {"coordinator": {"eval_every": config.eval_every, "max_versions": config.versions,
+                                         "poll_interval_s": DEMO_POLL_S["coordinator"]}} \
+                    if role == "coordinator" else {role: {"poll_interval_s": DEMO_POLL_S[role]}}
                 path = workdir / f"{name}.toml"
                 _write_role_config(path, rpc_url=node.rpc_url, deployment=deployment, store=workdir / "store",
                                    db_url=db_url, keystore=keystores[name], run_id=run_id, extra=extra)
