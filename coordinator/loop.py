@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,8 +55,10 @@ class Coordinator:
         self.ctx, self.indexer, self.options, self.echo = ctx, indexer, options, echo
         self.published: list[VersionFigures] = []
         # Wall time per phase since the last published version (`run` records it; krill.phases); each
-        # version's metrics row carries it, for `krill bench protocol`.
+        # version's metrics row carries it, and the seconds since the previous version on this
+        # process's clock (`clock_seconds`), for `krill bench protocol`.
         self.phases: dict[str, float] = {}
+        self._last_report: float | None = None  # monotonic time of the last version reported
         ensure_tables(ctx.db)
 
     # ------------------------------------------------------------------ one pass
@@ -134,7 +137,12 @@ class Coordinator:
                 f = VersionFigures(**{**f.__dict__, "accuracy": evaluate_version(ctx, row.version)})
         phases = {k: round(v, 4) for k, v in self.phases.items()}
         self.phases.clear()
-        record_metrics(ctx, f, {"phases": phases} if phases else None)
+        extra: dict = {"phases": phases} if phases else {}
+        now = time.monotonic()
+        if self._last_report is not None:  # this process's clock: block times count whole seconds
+            extra["clock_seconds"] = round(now - self._last_report, 4)
+        self._last_report = now
+        record_metrics(ctx, f, extra or None)
         for e in row.accepted:
             ctx.forget(int(e["commit_id"]))
         self.published.append(f)

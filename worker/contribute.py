@@ -157,7 +157,7 @@ class Contributor:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},
                               detail=f"rollouts of version {b} are more than S_max={self.spec.staleness.max_staleness} "
                                      f"behind version {v}", phases=current(), **summary)
-            self.state.drop(outcome.record())
+            self.state.drop(nonce, outcome.record())
             return outcome
         with phase("fetch_version"):
             model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
@@ -179,7 +179,7 @@ class Contributor:
         t = time.perf_counter()
         with phase("save"):
             self.state.save_pending(pending, header_bytes, files)
-        seconds["package"] += time.perf_counter() - t
+        seconds["save"] = time.perf_counter() - t
 
     def resume(self) -> Outcome | None:
         """Finish the pending commit a previous run left, if any."""

@@ -125,6 +125,7 @@ class WorkerState:
         self._doc = doc
         self.existed = existed  # False: a fresh state (the caller may recover the nonce from the chain)
         self._lock = threading.RLock()
+        self._handed_out = doc.next_nonce  # next nonce in memory; the document holds the durable one
 
     @classmethod
     def open(cls, state_dir: Path, run_id: bytes, worker: str) -> WorkerState:
@@ -157,14 +158,23 @@ class WorkerState:
     # ------------------------------------------------------------------ nonces
     @property
     def next_nonce(self) -> int:
+        """The nonce `reserve_nonce` hands out next."""
+        return max(self._handed_out, self._doc.next_nonce)
+
+    @property
+    def durable_next_nonce(self) -> int:
+        """The lowest nonce a restart may hand out: one past the last saved or logged under."""
         return self._doc.next_nonce
 
     def reserve_nonce(self) -> int:
         """The next nonce; persisted with the contribution saved under it (see the module docstring)."""
         with self._lock:
-            nonce = self._doc.next_nonce
-            self._doc.next_nonce = nonce + 1
+            nonce = self.next_nonce
+            self._handed_out = nonce + 1
             return nonce
+
+    def _used(self, nonce: int) -> None:
+        self._doc.next_nonce = max(self._doc.next_nonce, nonce + 1)
 
     def advance_to(self, nonce: int) -> None:
         """Never hand out a nonce below `nonce` (after learning of commits from the chain)."""
@@ -197,7 +207,7 @@ class WorkerState:
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_atomic(path, _bundle([(HEADER_FILE, header), *sorted(files.items())]))
             self._doc.pending = pending
-            self._doc.next_nonce = max(self._doc.next_nonce, pending.nonce + 1)
+            self._used(pending.nonce)
             self._save()
 
     def pending_payload(self) -> tuple[bytes, dict[str, bytes]]:
@@ -234,10 +244,11 @@ class WorkerState:
                 self._bundle_path(pending.digest).unlink(missing_ok=True)
                 shutil.rmtree(self._legacy_dir(pending.digest), ignore_errors=True)
 
-    def drop(self, outcome: dict) -> None:
+    def drop(self, nonce: int, outcome: dict) -> None:
         """Log the outcome of work dropped before it was saved (stale rollouts) and persist its nonce as used."""
         with self._lock:
             self.log(outcome)
+            self._used(nonce)
             self._save()
 
     # ------------------------------------------------------------------ outcome log

@@ -2,14 +2,17 @@
 
 Design decisions:
 - At most one submission is in flight: `WorkerState` names one pending contribution at a time,
-  and the next one is saved only after the previous submission finished (`wait`). The overlap is
-  the upload, the commit transaction and its receipt wait of contribution n with the sampling and
-  learning of contribution n + 1, the RL work; the main thread waits only if a submission takes
-  longer than making the next contribution (recorded as the phase `wait_submit`).
-- Crash safety is unchanged: a contribution is durable (saved as pending) before its submission
-  starts, so a process killed mid-submission resumes it on restart exactly as before. The thread
-  is a daemon: a worker stopped by an exception or Ctrl-C does not hang on a submission stuck in
-  back-off; what it abandoned is the pending contribution the next start resumes.
+  and the next one is handed over only after the previous submission finished (`wait`). A
+  submission is the durable save, the upload, the commit transaction and its receipt wait of
+  contribution n, overlapped with the sampling and learning of contribution n + 1, the RL work;
+  the main thread waits only if a submission takes longer than making the next contribution
+  (recorded as the phase `wait_submit`).
+- Crash safety is unchanged: the submission saves the contribution as pending before it uploads
+  or commits anything, so a process killed mid-submission resumes it on restart exactly as
+  before, and one killed before the save loses only work that never left the machine (its nonce
+  was not persisted either, and is safe to hand out again). The thread is a daemon: a worker
+  stopped by an exception or Ctrl-C does not hang on a submission stuck in back-off; what it
+  abandoned is the pending contribution the next start resumes.
 - A submission's exception (jailed, a foreign digest, ...) is raised in the main thread by `wait`,
   where the sequential loop would have raised it.
 - Phases go on in the contribution's own recording (`krill.phases` is per thread, so the
@@ -41,12 +44,13 @@ class SubmitPipeline:
         return self._thread is not None
 
     def start(self, made, phases: dict[str, float], before: Callable[[], None] | None = None) -> None:
-        """Submit a saved contribution (`Contributor.make`, then `save`) in the background; `before` (the
-        stake check) runs first in the same thread, recorded as the phase `stake_check`."""
+        """Save and submit a contribution from `Contributor.make` in the background; `before` (the stake
+        check) runs first in the same thread, recorded as the phase `stake_check`."""
         if self._thread is not None:
             raise RuntimeError("a submission is already in flight")
         pending, header, files, seconds, started = made
         seconds = dict(seconds) | {"foreground": time.perf_counter() - started}
+        made = (pending, header, files, seconds, started)
         self._result, self._error = None, None
         self.model_version = pending.model_version
 
@@ -56,6 +60,7 @@ class SubmitPipeline:
                     if before is not None:
                         with phase("stake_check"):
                             before()
+                    self.contributor.save(made)
                     self._result = self.contributor.submit(pending, header, files, seconds, started, resumed=False)
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread by `wait`
                 self._error = exc

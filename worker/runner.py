@@ -17,8 +17,8 @@ Design decisions:
 - The newest version a contribution read after sampling (its learner version) is the next
   contribution's behaviour version when it is under `REUSE_LATEST_S` old, instead of a second read
   moments later: chain reads were a fifth of the critical path.
-- Contribution n + 1 is made while contribution n is uploaded and committed in a background
-  thread (`SubmitPipeline`, one in flight); its outcome is reported when it is known. The
+- Contribution n + 1 is made while contribution n is saved, uploaded and committed in a
+  background thread (`SubmitPipeline`, one in flight); its outcome is reported when it is known. The
   per-version cap counts the commit in flight; `max_contributions` stops making new work once
   the landed commits plus the one in flight reach it, and goes on if that one fails.
 - `max_contributions` counts commits that landed (a resumed one included); dropped stale work
@@ -211,7 +211,6 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
                 continue
             with phase("wait_submit"):
                 previous = pipeline.wait()
-            s.contributor.save(made)
         report(previous)
         pipeline.start(made, phases, before=check_stake if stake_due else None)
         stake_due = False

@@ -20,8 +20,8 @@ Design decisions:
   fetch, chain reads (latest version, stake, commit lookup), waiting for the previous commit,
   upload, chain transaction and confirmation, and the rest ('other': bookkeeping between
   phases). Target: under 5%.
-- Busy time is the critical path. A worker submits a contribution (upload, transaction, receipt)
-  in a background thread while it makes the next (`krill.worker.pipeline`); those parts are
+- Busy time is the critical path. A worker submits a contribution (stake check when a version is
+  new, durable save, upload, transaction, receipt) in a background thread while it makes the next (`krill.worker.pipeline`); those parts are
   reported as overlapped, and only what the main loop waited for them (`wait_submit`) counts as
   busy. A record without `seconds.foreground` (a worker submitting in line) counts whole.
 - Sizes: `tiny` (CI smoke: a tiny random model, 2 workers, under a minute of training) and
@@ -71,7 +71,7 @@ WORKER_PARTS: tuple[tuple[str, str, bool], ...] = (
     ("other", "other (bookkeeping)", False),
 )
 # Parts a pipelined worker runs in the background, overlapped with its next contribution.
-BACKGROUND_PARTS = ("stake_check", "upload", "chain_tx", "chain_confirm")
+BACKGROUND_PARTS = ("stake_check", "save", "upload", "chain_tx", "chain_confirm")
 # Coordinator phases: (key, label); `ingest` and `publish` are split into their parts plus a rest.
 COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("fetch", "fetch contributions (store)"),
@@ -208,7 +208,9 @@ def coordinator_parts(row: dict) -> dict[str, float] | None:
     parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
                                  - parts["store"] - parts["publish_tx"])
     busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "eval"))
-    return parts | {"busy": busy, "wall": float(row.get("wall_seconds") or 0.0), "accepted": row["accepted"]}
+    # The coordinator's own clock when it has one (block timestamps count whole seconds).
+    wall = row.get("clock_seconds", row.get("wall_seconds"))
+    return parts | {"busy": busy, "wall": float(wall or 0.0), "accepted": row["accepted"]}
 
 
 def coordinator_breakdown(rows: list[dict]) -> dict:

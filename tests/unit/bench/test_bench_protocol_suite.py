@@ -101,6 +101,7 @@ def test_coordinator_parts_split_ingest_and_publish():
     parts = coordinator_parts(row)
     assert parts["ingest_other"] == pytest.approx(0.1) and parts["publish_other"] == pytest.approx(0.1)
     assert parts["busy"] == pytest.approx(1.35) and parts["wall"] == 3.0
+    assert coordinator_parts(row | {"clock_seconds": 0.42})["wall"] == 0.42  # the coordinator's clock, when recorded
     assert coordinator_parts({"version": 3, "accepted": 1}) is None
 
 
@@ -134,11 +135,13 @@ def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
         r["seconds"]["foreground"] = foreground
         return r
 
-    # Each contribution: 1.2 s on the critical path (1.0 RL, 0.1 save, 0.05 waiting for the previous commit,
-    # 0.05 unnamed), then 0.25 s of upload and commit in the background.
+    # Each contribution: 1.2 s on the critical path (1.0 RL, 0.1 chain read, 0.05 waiting for the previous
+    # commit, 0.05 unnamed), then 0.35 s of save, upload and commit in the background.
     records = [pipelined(10.0, 5.0, 4.5, rollout=4.0),
-               pipelined(11.6, 1.45, 1.2, rollout=0.8, gradient=0.2, save=0.1, wait_submit=0.05, chain_confirm=0.05),
-               pipelined(14.0, 1.45, 1.2, rollout=0.8, gradient=0.2, save=0.1, wait_submit=0.05, chain_confirm=0.05)]
+               pipelined(11.6, 1.45, 1.2, rollout=0.8, gradient=0.2, chain_read=0.1, wait_submit=0.05,
+                         save=0.1, chain_confirm=0.05),
+               pipelined(14.0, 1.45, 1.2, rollout=0.8, gradient=0.2, chain_read=0.1, wait_submit=0.05,
+                         save=0.1, chain_confirm=0.05)]
     parts = worker_parts(records[1])
     assert parts["other"] == pytest.approx(0.05) and parts["upload"] == 0.05
     assert parts["chain_tx"] == pytest.approx(0.15)
@@ -146,8 +149,8 @@ def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
     assert waiting_gaps(records) == {1: pytest.approx(0.65), 2: pytest.approx(1.2)}
     w = worker_breakdown(records)
     assert w["busy_seconds"] == pytest.approx(2.4) and w["pipelined"] == 2
-    assert w["overlapped_seconds"] == pytest.approx(0.5)
+    assert w["overlapped_seconds"] == pytest.approx(0.7)
     assert w["overhead_pct"] == pytest.approx(100 * 0.2 / 1.2)
     rows = {row["part"]: row for row in w["parts"]}
     assert rows["chain_tx"]["seconds"] == 0 and rows["chain_tx"]["overlapped_seconds"] == pytest.approx(0.3)
-    assert rows["wait_submit"]["seconds"] == pytest.approx(0.1)
+    assert rows["wait_submit"]["seconds"] == pytest.approx(0.1) and rows["save"]["overlapped_seconds"] == 0.2

@@ -1,5 +1,5 @@
-"""The background submission: one in flight, its outcome or its exception handed to the caller's thread,
-and the contribution's phases recorded across the two threads."""
+"""The background submission: one in flight, saved before it is submitted, its outcome or its exception
+handed to the caller's thread, and the contribution's phases recorded across the two threads."""
 
 from __future__ import annotations
 
@@ -18,9 +18,14 @@ class _Submitter:
     """Records what `submit` was given; blocks until released; fails when told to."""
 
     def __init__(self, fail: BaseException | None = None):
-        self.release, self.fail, self.calls = threading.Event(), fail, []
+        self.release, self.fail, self.calls, self.saved = threading.Event(), fail, [], []
+
+    def save(self, made) -> None:
+        with phase("save"):
+            self.saved.append(made[0].nonce)
 
     def submit(self, pending, header, files, seconds, started, resumed):
+        assert self.saved[-1] == pending.nonce  # saved before anything is submitted
         self.release.wait(10)
         with phase("chain_confirm"):
             pass
@@ -47,8 +52,8 @@ def test_one_submission_in_flight_and_its_outcome_carries_both_threads_phases():
         pipe.start(_made(4), {})
     sub.release.set()
     outcome = pipe.wait()
-    assert outcome.nonce == 3 and sub.calls == [(3, b"h", {"f": b"x"}, False)]
-    assert {"rollout", "chain_confirm"} <= set(outcome.phases)
+    assert outcome.nonce == 3 and sub.calls == [(3, b"h", {"f": b"x"}, False)] and sub.saved == [3]
+    assert {"rollout", "save", "chain_confirm"} <= set(outcome.phases)
     assert 0 <= outcome.seconds["foreground"] and outcome.seconds["sample"] == 0.1
     assert not pipe.in_flight and pipe.model_version is None
 
@@ -78,7 +83,7 @@ def test_the_stake_check_runs_first_in_the_background_and_stops_the_commit():
         pipe.start(_made(5), phases, before=jailed)
     with pytest.raises(JailedError):
         pipe.wait()
-    assert sub.calls == []  # nothing committed after the check failed
+    assert sub.calls == [] and sub.saved == []  # nothing saved or committed after the check failed
     checked = []
     pipe.start(_made(6), {}, before=lambda: checked.append(threading.current_thread().name))
     outcome = pipe.wait()

@@ -33,12 +33,23 @@ def test_a_nonce_becomes_durable_with_the_contribution_saved_under_it(tmp_path):
     state.save_pending(_pending(2, header), header, {"rollouts.safetensors": b"r", "grad-0.safetensors": b"g"})
     reopened = WorkerState.open(tmp_path, RUN, WORKER.upper().replace("0X", "0x"))
     assert reopened.existed and reopened.reserve_nonce() == 3  # never 2 again: it is on its way
-    reopened.drop({"nonce": 3, "status": "rollouts-stale"})  # logged work persists its nonce as used
+    assert reopened.reserve_nonce() == 4  # handed out in memory, never saved
+    reopened.drop(3, {"nonce": 3, "status": "rollouts-stale"})  # logged work persists its nonce as used
     assert WorkerState.open(tmp_path, RUN, WORKER).next_nonce == 4
     reopened.advance_to(2)
-    assert reopened.next_nonce == 4
+    assert (reopened.next_nonce, reopened.durable_next_nonce) == (5, 4)
     reopened.advance_to(10)
     assert WorkerState.open(tmp_path, RUN, WORKER).next_nonce == 10
+
+
+def test_saving_a_contribution_persists_its_own_nonce_not_those_handed_out_after_it(tmp_path):
+    # The pipelined worker saves contribution n in the background after it handed out n + 1.
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    first, second = state.reserve_nonce(), state.reserve_nonce()
+    header = b'{"header":0}'
+    state.save_pending(_pending(first, header), header, {"rollouts.safetensors": b"r", "grad-0.safetensors": b"g"})
+    assert (state.next_nonce, state.durable_next_nonce) == (second + 1, first + 1)
+    assert WorkerState.open(tmp_path, RUN, WORKER).reserve_nonce() == second  # a restart reuses the unsaved one
 
 
 def test_pending_contribution_survives_a_reopen_and_is_cleared_after_logging(tmp_path):
