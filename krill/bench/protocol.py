@@ -282,13 +282,13 @@ def markdown(r: dict) -> str:
              f"Protocol overhead (everything beyond rollout generation, reward and gradient) = "
              f"**{fmt(w['overhead_pct'], 1)}%** of busy worker time (target < {w['target_pct']:g}%: {met}); "
              f"{fmt(w['overhead_pct_without_model_fetch'], 1)}% without the model fetch. Waiting (between "
-             f"contributions: the per-version cap, stake checks) is {fmt(w['waiting_pct_of_wall'], 1)}% of the "
+             f"contributions: the per-version cap, back-off) is {fmt(w['waiting_pct_of_wall'], 1)}% of the "
              f"workers' wall time. Median contribution: {fmt(w['median_contribution_ms'], 0)} ms; each worker's "
              f"first one (loading model, tokenizer and task; left out below) took "
              f"{fmt(w['first_contribution_seconds'], 1)} s (median).", "",
              f"Per contribution (mean): RL work {fmt(pc['rl_ms'], 0)} ms, protocol overhead on the critical path "
-             f"{fmt(pc['overhead_ms'], 0)} ms, and {fmt(pc['overlapped_ms'], 0)} ms of upload and commit overlapped "
-             f"with the next contribution ({w.get('pipelined', 0)} of {w['contributions']} contributions pipelined). "
+             f"{fmt(pc['overhead_ms'], 0)} ms, and {fmt(pc['overlapped_ms'], 0)} ms of save, upload and commit "
+             f"overlapped with the next contribution ({w.get('pipelined', 0)} of {w['contributions']} contributions pipelined). "
              f"The overhead is mostly a fixed cost per contribution (chain round trips, fsync, hashing), so it falls "
              f"under {w['target_pct']:g}% once the RL work per contribution exceeds about "
              f"{fmt(pc['break_even_rl_s'], 1)} s (larger models, more prompts per contribution).", "",
