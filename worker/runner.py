@@ -172,7 +172,7 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     report(s.contributor.resume())
     cap = config.worker.max_per_version
     checked_at: int | None = None  # the newest version seen when the stake check was last due
-    stake_due = False  # open_session checked it
+    stake_due = False  # set at each new version seen (the first included), cleared when a submission takes it
 
     def check_stake() -> None:
         s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
