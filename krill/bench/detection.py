@@ -21,7 +21,6 @@ Design decisions:
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,12 +84,39 @@ def caught_within(p: float, d: float | None, k: int) -> float | None:
 
 def run_detection(size: str = "default", echo: Callable[[str], None] = print, workdir: Path | None = None) -> dict:
     """Run every batch of `size`; returns per-attack figures and the P(caught within k) table."""
+    from krill.bench.demo_probe import temporary_workdir
+    from krill.protocol.spec import ChainSpec
+
+    plan = SIZES[size]
+    p_default = ChainSpec().check_probability_ppm / 1e6
+    # A fresh work directory is removed afterwards (each batch's demo leaves its store and chain data:
+    # up to 0.6 GB per study); one given as `workdir` is kept.
+    with temporary_workdir(Path(workdir) if workdir is not None else None, "krill-detection-") as tmp:
+        runs, wall = _run_batches(plan, Path(tmp), echo)
+    attacks = {}
+    for name, items in runs.items():
+        checked = sum(i["checked"] for i in items)
+        failed = sum(i["failed"] for i in items)
+        slashes = [i["versions_to_slash"] for i in items if i["versions_to_slash"] is not None]
+        d = failed / checked if checked else None
+        attacks[name] = {
+            "runs": len(items), "commits": sum(i["commits"] for i in items), "checked": checked, "failed": failed,
+            "detection_rate": d, "folded": sum(i["folded"] for i in items),
+            "rejected_by_coordinator": _merge([i["rejected_by_coordinator"] for i in items]),
+            "median_versions_to_slash": statistics.median(slashes) if slashes else None,
+            "slashed_runs": len(slashes), "jailed_runs": sum(i["jailed"] for i in items),
+            "caught_within": {str(p): {str(k): caught_within(p, d, k) for k in KS} for p in PROBABILITIES},
+        }
+    return {"size": size, "check_probability": p_default, "verifiers": 2, "minutes_per_batch": plan["minutes"],
+            "wall_seconds": wall, "attacks": attacks}
+
+
+def _run_batches(plan: dict, root: Path, echo: Callable[[str], None]) -> tuple[dict[str, list[dict]], float]:
+    """Every demo batch of `plan` under `root`: per strategy, its figures per run; and the wall seconds."""
     from krill.bench.demo_probe import model_dir as tiny_or_base_model
     from krill.demo.orchestrate import DemoConfig, run_demo
     from krill.protocol.spec import ChainSpec
 
-    plan = SIZES[size]
-    root = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="krill-detection-"))
     model_dir = tiny_or_base_model(plan["model"], root)
     p_default = ChainSpec().check_probability_ppm / 1e6
     runs: dict[str, list[dict]] = {}
@@ -115,22 +141,7 @@ def run_detection(size: str = "default", echo: Callable[[str], None] = print, wo
                 echo(f"  {w['behavior']:>18}: {figures['commits']} commits, {figures['checked']} checked, "
                      f"{figures['failed']} failed, rejected {figures['rejected_by_coordinator']}, "
                      f"slash after {figures['versions_to_slash']} versions")
-    attacks = {}
-    for name, items in runs.items():
-        checked = sum(i["checked"] for i in items)
-        failed = sum(i["failed"] for i in items)
-        slashes = [i["versions_to_slash"] for i in items if i["versions_to_slash"] is not None]
-        d = failed / checked if checked else None
-        attacks[name] = {
-            "runs": len(items), "commits": sum(i["commits"] for i in items), "checked": checked, "failed": failed,
-            "detection_rate": d, "folded": sum(i["folded"] for i in items),
-            "rejected_by_coordinator": _merge([i["rejected_by_coordinator"] for i in items]),
-            "median_versions_to_slash": statistics.median(slashes) if slashes else None,
-            "slashed_runs": len(slashes), "jailed_runs": sum(i["jailed"] for i in items),
-            "caught_within": {str(p): {str(k): caught_within(p, d, k) for k in KS} for p in PROBABILITIES},
-        }
-    return {"size": size, "check_probability": p_default, "verifiers": 2, "minutes_per_batch": plan["minutes"],
-            "wall_seconds": round(time.monotonic() - started, 1), "attacks": attacks}
+    return runs, round(time.monotonic() - started, 1)
 
 
 def _merge(dicts: list[dict[str, int]]) -> dict[str, int]:

@@ -87,10 +87,16 @@ def test_tiny_size_writes_every_figure(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_tiny_size_with_the_real_detection_study(tmp_path):
+def test_tiny_size_with_the_real_detection_study(tmp_path, monkeypatch):
+    import tempfile
+
     detection = pytest.importorskip("krill.bench.detection")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the study makes its work directory
     result = CliRunner().invoke(bench, ["robustness", "--tiny", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert not list(scratch.glob("krill-detection-*"))  # its demos' chain and store data are removed
     data = json.loads((tmp_path / "robustness-tiny.json").read_text())
     assert data["detection"]["size"] == "tiny" and data["detection"]["attacks"]
     assert "## Detection\n\n" + detection.markdown(data["detection"]).rstrip() in (tmp_path / "robustness-tiny.md").read_text()
