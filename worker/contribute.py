@@ -16,8 +16,8 @@ Design decisions:
   a receipt was lost). A fresh contribution skips the look-up: its nonce was never saved before,
   so its digest cannot be on-chain, and the duplicate-revert path covers the impossible case.
 - Making (`make`: sample, learn, package, sign) and saving (`save`) are separate steps so that the
-  worker's loop can make the next contribution while the previous one is uploaded and committed
-  in the background (`krill.worker.pipeline`); `contribute` runs all of it in this thread.
+  worker's loop can make the next contribution while the previous one is saved, uploaded and
+  committed in the background (`krill.worker.pipeline`); `contribute` runs all of it in this thread.
 - Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
@@ -63,7 +63,8 @@ class Outcome:
     # Finer phases inside `seconds` (rollout, reward, gradient, compress, hash, sign, save, chain_*,
     # fetch_version, wait_submit; `krill.phases`), for `krill bench protocol`; empty for a resumed
     # commit. A pipelined contribution (`krill.worker.pipeline`) also has seconds["foreground"]: the
-    # part of `total` on the worker's critical path, before its upload and commit went to the background.
+    # part of `total` on the worker's critical path, before its save, upload and commit went to the
+    # background.
     phases: dict[str, float] = field(default_factory=dict)
 
     def record(self) -> dict:
@@ -116,9 +117,9 @@ class Contributor:
                 return prepared
             return self.submit(*prepared, resumed=False)
 
-    def prepare(self, behaviour_version: int | None = None):
+    def prepare(self):
         """`make`, then `save`: the arguments of `submit`, or the Outcome of rollouts that went stale."""
-        made = self.make(behaviour_version)
+        made = self.make()
         if isinstance(made, Outcome):
             return made
         self.save(made)

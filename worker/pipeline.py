@@ -17,7 +17,7 @@ Design decisions:
   where the sequential loop would have raised it.
 - Phases go on in the contribution's own recording (`krill.phases` is per thread, so the
   background thread opens it again with the same dict); `seconds["foreground"]` is the part of the
-  contribution's time on the critical path (making, waiting for the previous submission, saving).
+  contribution's time on the critical path (making it and waiting for the previous submission).
 """
 
 from __future__ import annotations

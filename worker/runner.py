@@ -171,8 +171,7 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     per_version: dict[int, int] = {}  # commits that landed, per version
     report(s.contributor.resume())
     cap = config.worker.max_per_version
-    checked_at: int | None = None  # the newest version seen when the stake check was last due
-    stake_due = False  # set at each new version seen (the first included), cleared when a submission takes it
+    checked_at: int | None = None  # the newest version seen when a submission last took the stake check
 
     def check_stake() -> None:
         s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
@@ -195,8 +194,6 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
             else:
                 with phase("chain_read"):
                     latest = s.backoff.call(s.contributor.source.latest, "chain (latest version)")
-            if latest != checked_at:
-                stake_due, checked_at = True, latest
             at_latest = per_version.get(latest, 0) + (pipeline.model_version == latest)
             if cap is not None and at_latest >= cap:
                 # This version has our share; more work now would only go stale. Wait for the next one.
@@ -212,6 +209,6 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
             with phase("wait_submit"):
                 previous = pipeline.wait()
         report(previous)
-        pipeline.start(made, phases, before=check_stake if stake_due else None)
-        stake_due = False
+        pipeline.start(made, phases, before=check_stake if latest != checked_at else None)
+        checked_at = latest
     return outcomes

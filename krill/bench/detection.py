@@ -92,7 +92,7 @@ def run_detection(size: str = "default", echo: Callable[[str], None] = print, wo
     # A fresh work directory is removed afterwards (each batch's demo leaves its store and chain data:
     # up to 0.6 GB per study); one given as `workdir` is kept.
     with temporary_workdir(Path(workdir) if workdir is not None else None, "krill-detection-") as tmp:
-        runs, wall = _run_batches(plan, Path(tmp), echo)
+        runs, wall = _run_batches(plan, p_default, Path(tmp), echo)
     attacks = {}
     for name, items in runs.items():
         checked = sum(i["checked"] for i in items)
@@ -111,14 +111,14 @@ def run_detection(size: str = "default", echo: Callable[[str], None] = print, wo
             "wall_seconds": wall, "attacks": attacks}
 
 
-def _run_batches(plan: dict, root: Path, echo: Callable[[str], None]) -> tuple[dict[str, list[dict]], float]:
-    """Every demo batch of `plan` under `root`: per strategy, its figures per run; and the wall seconds."""
+def _run_batches(plan: dict, p_default: float, root: Path,
+                 echo: Callable[[str], None]) -> tuple[dict[str, list[dict]], float]:
+    """Every demo batch of `plan` under `root`, verifiers checking with probability `p_default`: per
+    strategy, its figures per run; and the wall seconds."""
     from krill.bench.demo_probe import model_dir as tiny_or_base_model
     from krill.demo.orchestrate import DemoConfig, run_demo
-    from krill.protocol.spec import ChainSpec
 
     model_dir = tiny_or_base_model(plan["model"], root)
-    p_default = ChainSpec().check_probability_ppm / 1e6
     runs: dict[str, list[dict]] = {}
     started = time.monotonic()
     for repeat in range(plan["repeats"]):
