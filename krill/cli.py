@@ -87,6 +87,9 @@ def cli(ctx: click.Context, config_path: str | None, overrides: tuple[str, ...])
 
 
 def main() -> None:
+    from krill.allocator import tune_heap
+
+    tune_heap()
     cli(prog_name="krill")
 
 

@@ -108,27 +108,24 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
     its weight that lies between `trim` x total weight from the bottom and from the top. The
     weight below each submission comes from pairwise comparisons for n <= 16 (n(n-1)/2 vector
     comparisons beat a sort along a short axis) and from a stable sort above that; the mean is
-    summed in submission order either way. When the weights take at most three distinct values
-    (equal trust, a few staleness levels: the usual case), the comparisons only count, per
-    weight value, the submissions below (one byte per coordinate), and the weight below is
-    sum over values of count x value: a third of the float64 work.
+    summed in submission order either way. Up to 8 submissions, the comparisons record which
+    others sort below (one byte per coordinate) and the kept weight is looked up per subset
+    (`_subset_kept`); up to 16 with at most three distinct weights (equal trust, a few staleness
+    levels), they count the submissions below per weight value and look up per count
+    (`_counted_kept`). Both tables are computed in Python floats.
     """
     n, d = x.shape
     wl = [float(v) for v in w]
     values = sorted(set(wl))
+    total = float(w.sum())
+    cut = trim * total
+    if n <= _SUBSET_MAX:
+        kept = _subset_kept(x, wl, cut, total - cut)
+        return _kept_mean(x, kept), kept
     if n <= _PAIRWISE_MAX and len(values) <= _COUNTED_MAX_VALUES:
-        cls = [values.index(v) for v in wl]
-        counts = torch.zeros(len(values), n, d, dtype=torch.uint8)
-        before = torch.empty(d, dtype=torch.bool)
-        for i in range(n):
-            for j in range(i):
-                torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
-                counts[cls[j], i].add_(before)
-                counts[cls[i], j].add_(before.logical_not_())
-        lower = counts[0].to(torch.float64).mul_(values[0])
-        for c in range(1, len(values)):
-            lower.add_(counts[c].to(torch.float64), alpha=values[c])
-    elif n <= _PAIRWISE_MAX:
+        kept = _counted_kept(x, wl, values, cut, total - cut)
+        return _kept_mean(x, kept), kept
+    if n <= _PAIRWISE_MAX:
         # lower[j] starts at the weight of every later submission and loses those that sort after j.
         lower = torch.tensor([sum(wl[j + 1:]) for j in range(n)], dtype=torch.float64).unsqueeze(1).repeat(1, d)
         before = torch.empty(d, dtype=torch.bool)
@@ -143,20 +140,96 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
         order = torch.sort(x, dim=0, stable=True).indices
         ws = w.index_select(0, order.reshape(-1)).view(n, d)
         lower = torch.zeros_like(ws).scatter(0, order, torch.cumsum(ws, dim=0) - ws)
-    total = float(w.sum())
-    cut = trim * total
     kept = torch.clamp(torch.minimum(lower + w.unsqueeze(1), torch.tensor(total - cut, dtype=torch.float64))
                        - torch.clamp(lower, min=cut), min=0.0)
-    num = torch.zeros(d, dtype=torch.float64)
-    den = torch.zeros(d, dtype=torch.float64)
-    for i in range(n):  # row by row, in submission order
+    return _kept_mean(x, kept), kept
+
+
+def _kept_mean(x: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """sum_i kept_i x_i / sum_i kept_i per coordinate, summed row by row in submission order."""
+    num = torch.zeros(x.shape[1], dtype=torch.float64)
+    den = torch.zeros(x.shape[1], dtype=torch.float64)
+    for i in range(x.shape[0]):
         num += kept[i] * x[i]
         den += kept[i]
-    return num / den, kept
+    return num / den
 
 
+def _kept_table(lower: list[float], w: float, cut: float, top: float) -> torch.Tensor:
+    """Kept weight of a submission of weight `w` for each possible weight below it (Python floats)."""
+    kept = [min(b + w, top) - max(b, cut) for b in lower]
+    return torch.tensor([k if k > 0.0 else 0.0 for k in kept], dtype=torch.float64)
+
+
+def _subset_kept(x: torch.Tensor, wl: list[float], cut: float, top: float) -> torch.Tensor:
+    """Kept weight [n, d] for n <= 8 submissions with any weights.
+
+    Per coordinate, which of the other n - 1 submissions sort below submission i is one byte (bit
+    b: the b-th other submission, in index order). The weight below for each of the 2^(n-1)
+    subsets is their weights summed in index order in Python floats, and the kept weight is looked
+    up from it: one small table per submission instead of float64 work per coordinate.
+    """
+    n, d = x.shape
+    key = torch.zeros(n, d, dtype=torch.uint8)
+    before = torch.empty(d, dtype=torch.bool)
+    for i in range(n):
+        for j in range(i):
+            torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
+            key[i].add_(before, alpha=1 << j)  # j < i: bit j among i's others
+            key[j].add_(before.logical_not_(), alpha=1 << (i - 1))  # i > j: bit i - 1 among j's others
+    kept = torch.empty(n, d, dtype=torch.float64)
+    for i in range(n):
+        others = wl[:i] + wl[i + 1:]
+        lower = [0.0] * (1 << (n - 1))
+        for mask in range(1, len(lower)):
+            top_bit = mask.bit_length() - 1  # the subset's highest index is added last
+            rest = mask & ~(1 << top_bit)
+            lower[mask] = lower[rest] + others[top_bit] if rest else others[top_bit]
+        torch.index_select(_kept_table(lower, wl[i], cut, top), 0, key[i].to(torch.int32), out=kept[i])
+    return kept
+
+
+def _counted_kept(x: torch.Tensor, wl: list[float], values: list[float], cut: float, top: float) -> torch.Tensor:
+    """Kept weight [n, d] when the weights take at most three distinct `values` (n <= 16).
+
+    The weight below submission i at a coordinate is fixed by how many submissions of each weight
+    value sort below it. The pairwise comparisons count those into one byte per coordinate (a
+    mixed-radix key: radix (m_c + 1) per value class c of m_c submissions, at most 6 x 6 x 7 keys
+    for n = 16). Each key's weight below and kept weight are computed once, in Python floats: the
+    weight below is ((c_0 v_0) + c_1 v_1) + c_2 v_2, every product and sum rounded on its own, so
+    the bits do not depend on whether a torch build fuses multiply-adds (this one's kernels do).
+    """
+    n, d = x.shape
+    cls = [values.index(v) for v in wl]
+    sizes = [cls.count(c) for c in range(len(values))]
+    radix = [1]
+    for m in sizes[:-1]:
+        radix.append(radix[-1] * (m + 1))
+    keys = radix[-1] * (sizes[-1] + 1)
+    key = torch.zeros(n, d, dtype=torch.uint8)
+    before = torch.empty(d, dtype=torch.bool)
+    for i in range(n):
+        for j in range(i):
+            torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
+            key[i].add_(before, alpha=radix[cls[j]])
+            key[j].add_(before.logical_not_(), alpha=radix[cls[i]])
+    lower = []
+    for k in range(keys):
+        below = 0.0
+        for c, v in enumerate(values):
+            count = (k // radix[c]) % (sizes[c] + 1)
+            below = count * v if c == 0 else below + count * v
+        lower.append(below)
+    tables = [_kept_table(lower, v, cut, top) for v in values]
+    kept = torch.empty(n, d, dtype=torch.float64)
+    for i in range(n):
+        torch.index_select(tables[cls[i]], 0, key[i].to(torch.int32), out=kept[i])
+    return kept
+
+
+_SUBSET_MAX = 8  # 2^7 subsets of the others: one byte
 _PAIRWISE_MAX = 16
-_COUNTED_MAX_VALUES = 3
+_COUNTED_MAX_VALUES = 3  # 16 submissions in 3 classes give at most 252 keys: one byte
 
 
 def weighted_median(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -189,12 +262,25 @@ def nearest_neighbour_mixing(x: torch.Tensor, f: int) -> torch.Tensor:
     if f == 0 or n <= 1:
         return x
     dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
-    nearest = torch.sort(dist, dim=1, stable=True).indices[:, :n - f]
-    out = torch.zeros_like(x)
-    for i in range(n):
-        for j in sorted(nearest[i].tolist()):  # in index order, as `_ordered_sum`
-            out[i] += x[j]
-    return out / (n - f)
+    nearest = [tuple(sorted(row)) for row in torch.sort(dist, dim=1, stable=True).indices[:, :n - f].tolist()]
+    # Each sum runs over its rows in index order, as `_ordered_sum`. Rows with the same
+    # neighbours share one sum, and a sum continues from the previous one's running total over
+    # their common first neighbours (sets taken in sorted order): the same additions, fewer of them.
+    sums: dict[tuple[int, ...], torch.Tensor] = {}
+    running: list[torch.Tensor] = []  # running[k]: the sum over the first k + 1 rows of `previous`
+    previous: tuple[int, ...] = ()
+    for rows in sorted(set(nearest)):
+        common = 0
+        while common < len(previous) and rows[common] == previous[common]:
+            common += 1
+        del running[common:]
+        total = running[-1] if running else torch.zeros_like(x[0])
+        for j in rows[common:]:
+            total = total + x[j]
+            running.append(total)
+        sums[rows] = total
+        previous = rows
+    return torch.stack([sums[rows] for rows in nearest]) / (n - f)
 
 
 def centered_clipping(x: torch.Tensor, w: torch.Tensor, tau: float | None, iterations: int) -> torch.Tensor:

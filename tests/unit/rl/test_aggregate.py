@@ -105,11 +105,14 @@ def test_trimmed_mean_pairwise_and_sort_paths_agree(monkeypatch):
     for n in (2, 5, 8, 16):
         x = torch.randint(-4, 5, (n, 300), generator=g).double()  # many ties
         w = torch.rand(n, generator=g, dtype=torch.float64) + 0.1
+        subsets = agg.weighted_trimmed_mean(x, w, 0.2)
+        monkeypatch.setattr(agg, "_SUBSET_MAX", 0)
         pairwise = agg.weighted_trimmed_mean(x, w, 0.2)
         monkeypatch.setattr(agg, "_PAIRWISE_MAX", 0)
         by_sort = agg.weighted_trimmed_mean(x, w, 0.2)
         monkeypatch.undo()
-        assert torch.allclose(pairwise[0], by_sort[0], atol=1e-12) and torch.allclose(pairwise[1], by_sort[1], atol=1e-12)
+        for other in (subsets, pairwise):
+            assert torch.allclose(other[0], by_sort[0], atol=1e-12) and torch.allclose(other[1], by_sort[1], atol=1e-12)
         assert torch.allclose(pairwise[1].sum(dim=0), torch.full((300,), float(w.sum()) * 0.6, dtype=torch.float64))
 
 
@@ -122,6 +125,7 @@ def test_trimmed_mean_counted_path_agrees_with_the_sort_path(monkeypatch):
         x = torch.randint(-4, 5, (n, 300), generator=g).double()  # many ties
         w = torch.tensor([levels[int(k)] for k in torch.randint(0, len(levels), (n,), generator=g)],
                          dtype=torch.float64)
+        monkeypatch.setattr(agg, "_SUBSET_MAX", 0)
         counted = agg.weighted_trimmed_mean(x, w, 0.2)
         monkeypatch.setattr(agg, "_COUNTED_MAX_VALUES", 0)
         pairwise = agg.weighted_trimmed_mean(x, w, 0.2)
@@ -130,3 +134,39 @@ def test_trimmed_mean_counted_path_agrees_with_the_sort_path(monkeypatch):
         monkeypatch.undo()
         for other in (pairwise, by_sort):
             assert torch.allclose(counted[0], other[0], atol=1e-12) and torch.allclose(counted[1], other[1], atol=1e-12)
+
+
+@pytest.mark.parametrize("n, levels", [(8, None), (8, (1.0, 0.5, 1 / 3)), (13, (1.0, 0.5, 1 / 3))])
+def test_trimmed_mean_gives_each_coordinate_the_same_bits_whatever_the_width(monkeypatch, n, levels):
+    """A coordinate's result does not depend on where it sits in the tensor (vector body or tail)."""
+    import krill.rl.aggregate as agg
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n, 4099, generator=g, dtype=torch.float64)
+    if levels is None:
+        w = torch.rand(n, generator=g, dtype=torch.float64) + 0.1
+    else:
+        w = torch.tensor([levels[i % len(levels)] for i in range(n)], dtype=torch.float64)
+    whole, kept = agg.weighted_trimmed_mean(x, w, 0.2)
+    for lo, hi in ((0, 3), (5, 17), (4090, 4099), (1000, 1031)):
+        part, part_kept = agg.weighted_trimmed_mean(x[:, lo:hi].contiguous(), w, 0.2)
+        assert torch.equal(part, whole[lo:hi]) and torch.equal(part_kept, kept[:, lo:hi])
+
+
+def test_nearest_neighbour_mixing_shares_sums_without_changing_them():
+    """Shared running sums give the bits of summing each row's neighbours from zero in index order."""
+    from krill.rl.aggregate import nearest_neighbour_mixing
+
+    g = torch.Generator().manual_seed(9)
+    for n, f in ((2, 1), (5, 1), (8, 1), (10, 3), (16, 3)):
+        x = torch.randn(n, 257, generator=g, dtype=torch.float64)
+        x[1] = x[0]  # equal rows: equal neighbour sets
+        x[:, :4] = -0.0
+        dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
+        nearest = torch.sort(dist, dim=1, stable=True).indices[:, :n - f]
+        want = torch.zeros_like(x)
+        for i in range(n):
+            for j in sorted(nearest[i].tolist()):
+                want[i] += x[j]
+        got = nearest_neighbour_mixing(x, f)
+        assert torch.equal(got, want / (n - f)) and torch.equal(torch.signbit(got), torch.signbit(want / (n - f)))
