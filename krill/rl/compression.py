@@ -20,9 +20,11 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load as st_load
@@ -49,18 +51,33 @@ def mask_seed(run: str, version: int, name: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest values, ties broken by lower index: the first k of a stable descending sort.
+def _top_mask(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the k largest values, ties broken by lower index: the first k of a stable descending sort.
 
-    Computed from the k-th largest value (`kthvalue`, linear time) instead of a full sort: every
-    value above it, then the lowest indices among those equal to it.
+    Computed from the k-th largest value (numpy's introselect, linear time and 5x faster than
+    torch's `kthvalue` at 64k values) instead of a full sort: every value above it, then the
+    lowest indices among those equal to it (usually all of them: one).
     """
-    if k >= values.numel():
-        return torch.arange(values.numel(), dtype=torch.int64)
-    threshold = torch.kthvalue(values, values.numel() - k + 1).values
-    above = torch.nonzero(values > threshold).flatten()
-    at = torch.nonzero(values == threshold).flatten()[:k - above.numel()]
-    return torch.cat([above, at])
+    n = values.numel()
+    if k >= n:
+        return torch.ones(n, dtype=torch.bool)
+    flat = values.detach().reshape(-1).contiguous()
+    threshold = torch.from_numpy(np.partition(flat.numpy(), n - k)[n - k:n - k + 1].copy()).reshape(())
+    values = flat
+    chosen = values > threshold
+    missing = k - int(chosen.sum())
+    if missing > 0:
+        ties = values == threshold
+        if int(ties.sum()) == missing:
+            chosen |= ties
+        else:
+            chosen[torch.nonzero(ties).flatten()[:missing]] = True
+    return chosen
+
+
+def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Sorted indices of `_top_mask(values, k)`."""
+    return torch.nonzero(_top_mask(values, k)).flatten()
 
 
 def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: CompressionConfig,
@@ -70,12 +87,13 @@ def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: C
     if k >= numel:
         return torch.arange(numel, dtype=torch.int64)
     k_explore = k if reference is None else int(round(config.explore_fraction * k))
-    chosen = torch.zeros(numel, dtype=torch.bool)
     if k - k_explore > 0:
         ref = reference.detach().reshape(-1).abs().to(torch.float32)
         if ref.numel() != numel:
             raise PayloadError(f"reference has {ref.numel()} coordinates, tensor has {numel}", field=name)
-        chosen[_top_indices(ref, k - k_explore)] = True
+        chosen = _top_mask(ref, k - k_explore)
+    else:
+        chosen = torch.zeros(numel, dtype=torch.bool)
     if k_explore > 0:
         generator = torch.Generator(device="cpu").manual_seed(mask_seed(run, version, name))
         rest = torch.nonzero(~chosen).flatten()
@@ -198,7 +216,33 @@ def compress(grads: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], con
         for part, t in parts.items():
             tensors[f"{name}/{part}"] = t
     # A single metadata key: safetensors writes a metadata map in hash order (non-deterministic bytes).
-    return st_save(tensors, metadata={"format": f"krill-masked-grad/1;dtype={config.dtype}"})
+    return _safetensors_bytes(tensors, {"format": f"krill-masked-grad/1;dtype={config.dtype}"})
+
+
+# safetensors' dtype names, in the order its writer lays tensors out (larger first, then by name).
+_ST_DTYPES = {torch.float32: ("F32", 3), torch.bfloat16: ("BF16", 2), torch.float16: ("F16", 1), torch.int8: ("I8", 0)}
+
+
+def _safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """The bytes `safetensors.torch.save(tensors, metadata=metadata)` writes, for 1-D tensors of `_ST_DTYPES`.
+
+    Written here in one copy: the library's writer converts every tensor through numpy and copies
+    the buffer twice more, which was a third of `compress` (0.53 of 1.46 ms per shard blob of the
+    default model). tests/unit/rl/test_compression.py checks the bytes against the library's.
+    """
+    order = sorted(tensors, key=lambda name: (-_ST_DTYPES[tensors[name].dtype][1], name))
+    header: dict[str, object] = {"__metadata__": metadata}
+    parts = []
+    offset = 0
+    for name in order:
+        t = tensors[name].detach().reshape(-1).contiguous()
+        data = t.view(torch.uint8).numpy() if t.numel() else b""
+        header[name] = {"dtype": _ST_DTYPES[t.dtype][0], "shape": [t.numel()], "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        parts.append(data)
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return b"".join([len(text).to_bytes(8, "little"), text, *parts])
 
 
 def decompress_values(blob: bytes, masks: dict[str, torch.Tensor], config: CompressionConfig) -> dict[str, torch.Tensor]:

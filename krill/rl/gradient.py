@@ -68,7 +68,8 @@ def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torc
         for name, p in params.items():
             p.requires_grad_(name in wanted)
             p.grad = None
-        model.train(False)  # no dropout: the gradient must be a function of the inputs alone
+        if was_training:  # no dropout: the gradient must be a function of the inputs alone
+            model.train(False)  # (train() walks every module: skipped when already in eval mode)
         batch = completion_batch(rollouts, pad_id, rows)
         logp = completion_logprobs(model, batch, config.temperature)
         ref = None
@@ -79,12 +80,13 @@ def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torc
                                   ref_logprobs=ref, num_tokens=total_tokens)
         loss.backward()
         for name, shard in wanted.items():
-            g = params[name].grad
-            grads[shard][name] = (torch.zeros_like(params[name]) if g is None else g.detach().clone()).float()
+            g = params[name].grad  # the model lets go of it below, so it is handed out without a copy
+            grads[shard][name] = (torch.zeros_like(params[name]) if g is None else g.detach()).float()
     finally:
         for name, p in params.items():
             p.grad = None
             p.requires_grad_(saved[name])
-        model.train(was_training)
+        if was_training:
+            model.train(True)
     stats = dict(stats, tokens=float(total_tokens), active_sequences=float(len(rows)))
     return GradientResult(grads, float(loss.detach()), stats, time.perf_counter() - started)

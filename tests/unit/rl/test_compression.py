@@ -140,3 +140,26 @@ def test_decompress_names_the_tensor_whose_scales_are_unusable():
     with pytest.raises(PayloadError) as err:
         decompress_values(st_save(tensors), masks, config)
     assert err.value.field == "b/s"
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16", "bf16"])
+def test_compressed_blob_is_byte_for_byte_what_safetensors_writes(dtype):
+    """`compress` writes the safetensors bytes itself; they must be the library's."""
+    from safetensors.torch import save as st_save
+
+    from krill.rl.compression import _safetensors_bytes
+
+    g = torch.Generator().manual_seed(4)
+    cfg = CompressionConfig(density=0.3, dtype=dtype, block_size=16)
+    for trial in range(20):
+        grads = {f"model.layers.{i}.w{trial % 3}": torch.randn(int(torch.randint(1, 90, (1,), generator=g)), generator=g)
+                 for i in range(int(torch.randint(1, 6, (1,), generator=g)))}
+        masks = {n: shared_mask(n, t.numel(), t, cfg, "r", trial) for n, t in grads.items()}
+        blob = compress(grads, masks, cfg)
+        loaded = decompress_values(blob, masks, cfg)
+        assert set(loaded) == set(grads)
+        from safetensors.torch import load
+        tensors = load(blob)
+        assert blob == st_save(tensors, metadata={"format": f"krill-masked-grad/1;dtype={dtype}"})
+    odd = {"b": torch.ones(3), "a": torch.zeros(0), "c": torch.ones(5, dtype=torch.int8), "é/q": torch.ones(2)}
+    assert _safetensors_bytes(odd, {"format": "x"}) == st_save(odd, metadata={"format": "x"})
