@@ -209,7 +209,7 @@ def compress(grads: dict[str, torch.Tensor], masks: dict[str, torch.Tensor], con
     for name in names:
         if name not in masks:
             raise PayloadError("no mask for this tensor", field=name)
-    values = [grads[name].detach().reshape(-1)[masks[name]] for name in names]
+    values = [grads[name].detach().reshape(-1).index_select(0, masks[name]) for name in names]
     encoded = _encode_int8_many(values, config.block_size) if config.dtype == "int8" and values else \
         [encode_values(v, config) for v in values]
     for name, parts in zip(names, encoded, strict=True):
@@ -269,7 +269,7 @@ def densify(values: dict[str, torch.Tensor], masks: dict[str, torch.Tensor],
     out = {}
     for name, shape in shapes.items():
         dense = torch.zeros(math.prod(shape), dtype=torch.float32)
-        dense[masks[name]] = values[name]
+        dense.index_copy_(0, masks[name], values[name])
         out[name] = dense.view(shape)
     return out
 

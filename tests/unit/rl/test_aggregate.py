@@ -170,3 +170,11 @@ def test_nearest_neighbour_mixing_shares_sums_without_changing_them():
                 want[i] += x[j]
         got = nearest_neighbour_mixing(x, f)
         assert torch.equal(got, want / (n - f)) and torch.equal(torch.signbit(got), torch.signbit(want / (n - f)))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_single_non_finite_coordinate_is_rejected(bad):
+    x = torch.randn(8, 1001, generator=torch.Generator().manual_seed(1))
+    x[5, 977] = bad
+    with pytest.raises(AggregationError, match="NaN or infinity"):
+        aggregate(x, torch.ones(8), ClipMixTrimRule())
