@@ -5,7 +5,9 @@ Design decisions:
   each make a contribution (`krill.rl.contribution`) for their assigned prompts, sampling with
   an engine serving a possibly stale version (drawn deterministically up to `max_staleness`
   behind; the workers at one version are sampled in one batch, each with its own seeded
-  generator, so each gets the rollouts it would draw alone), taking gradients at the current version, compressing them on the public mask; the
+  generator, so each gets the rollouts it would draw alone), taking gradients at the current
+  version (all workers in one batched pass that keeps their weight gradients apart,
+  `krill.rl.grouped_gradient`), compressing them on the public mask; the
   coordinator step decompresses, weighs by staleness, aggregates each shard with the robust
   rule (clip, nearest-neighbour mixing, trimmed mean by default), applies per-shard AdamW, and
   publishes the next version (here: a snapshot kept for stale engines).
@@ -32,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from krill.rl.aggregate import AggregationRule, ClipMixTrimRule, aggregate
 from krill.rl.compression import CompressionConfig, decompress_values, densify, shared_masks
-from krill.rl.contribution import Contribution, contribution_prompts, make_contribution, sampling_seed
+from krill.rl.contribution import Contribution, SampledWork, contribution_prompts, make_contributions, sampling_seed
 from krill.rl.engine.base import Rollouts, SamplingParams
 from krill.rl.engine.hf import HFEngine
 from krill.rl.loss import LossConfig
@@ -133,12 +135,12 @@ class LocalTrainer:
             plans.append((worker, behaviour, assign_prompts(self.run_seed, worker, behaviour, self.version,
                                                             c.prompts_per_worker)))
         sampled = self._sample(plans)
-        return [make_contribution(
-            task=self.task, tokenizer=self.tokenizer, engine=self._engine(behaviour), learner=self.model,
-            run_seed=self.run_seed, worker=worker, nonce=self.version, prompt_indices=indices,
-            group_size=c.group_size, params=self.params, loss_config=c.loss, shards=self.shards,
-            masks=masks, compression=c.compression, sampled=sampled[k])
-            for k, (worker, behaviour, indices) in enumerate(plans)]
+        work = [SampledWork(worker=worker, version=behaviour, prompt_indices=indices, rollouts=rollouts,
+                            sample_seconds=seconds)
+                for (worker, behaviour, indices), (rollouts, seconds) in zip(plans, sampled, strict=True)]
+        return make_contributions(task=self.task, tokenizer=self.tokenizer, learner=self.model, nonce=self.version,
+                                  work=work, group_size=c.group_size, loss_config=c.loss, shards=self.shards,
+                                  masks=masks, compression=c.compression)
 
     def _sample(self, plans: list[tuple[str, int, list[int]]]) -> list[tuple[Rollouts, float]]:
         """Every worker's rollouts, the workers at one behaviour version batched through its engine.
