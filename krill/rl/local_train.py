@@ -34,7 +34,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from krill.rl.aggregate import AggregationRule, ClipMixTrimRule, aggregate
 from krill.rl.compression import CompressionConfig, decompress_values, densify, shared_masks
-from krill.rl.contribution import Contribution, SampledWork, contribution_prompts, make_contributions, sampling_seed
+from krill.rl.contribution import (
+    Contribution,
+    SampledWork,
+    contribution_prompts,
+    make_contributions,
+    sampling_seed,
+)
 from krill.rl.engine.base import Rollouts, SamplingParams
 from krill.rl.engine.hf import HFEngine
 from krill.rl.loss import LossConfig
