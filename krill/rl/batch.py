@@ -21,6 +21,7 @@ Design decisions:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -127,14 +128,21 @@ def completion_batch(rollouts: Rollouts, pad_id: int, rows: torch.Tensor | None 
                            targets=targets, mask=mask, behaviour=behaviour)
 
 
-def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs [B, T] of each completion token under `model` (differentiable; 0 off the mask)."""
+def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, temperature: float = 1.0,
+                        before_call: Callable[[str], None] | None = None) -> torch.Tensor:
+    """Log-probs [B, T] of each completion token under `model` (differentiable; 0 off the mask).
+
+    `before_call("prompts")` / `before_call("rows")` runs before the model runs on the distinct
+    prompts / on the rows' completion tokens (`krill.rl.grouped_gradient` tells its layers which).
+    """
     from transformers import DynamicCache
 
     rows, steps = batch.targets.shape
     if rows == 0 or steps == 0:
         return torch.zeros((rows, steps), dtype=torch.float32)
     positions = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    if before_call is not None:
+        before_call("prompts")
     prompt_cache = DynamicCache(config=model.config)
     out = model(input_ids=batch.prompt_ids, attention_mask=batch.prompt_mask, position_ids=positions,
                 cache=prompt_cache, use_cache=True, logits_to_keep=1)
@@ -145,6 +153,8 @@ def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, temperat
             cache.update(held.keys[batch.group], held.values[batch.group], layer)
         attention = torch.cat([batch.prompt_mask[batch.group], batch.mask[:, :-1].to(torch.int64)], dim=1)
         positions = batch.prompt_lengths.unsqueeze(1) + torch.arange(steps - 1).unsqueeze(0)
+        if before_call is not None:
+            before_call("rows")
         rest = model(input_ids=batch.targets[:, :-1], attention_mask=attention, position_ids=positions,
                      cache=cache, use_cache=True).logits
         logits = torch.cat([logits, rest], dim=1)

@@ -9,13 +9,15 @@ Design decisions:
   model's Linear, RMSNorm-weight and Embedding modules run through autograd functions whose
   forward is the ordinary one (shared weights, one matrix product for all rows) and whose
   backward returns the input gradient as usual plus, for the weight, a [W, ...] gradient with
-  worker w's rows summed into slice w (a batched product). That goes to a stand-in leaf per
-  parameter; the real parameters are frozen for the pass, so no summed weight gradient is
-  computed. Rows never mix across workers: attention stays within a row, and a row reads only
-  its own worker's prompts.
-- Equal shapes by padding: each worker's rows with a nonzero advantage (as `shard_gradients`
-  skips the rest), its distinct prompts, the prompt width and completion length are padded to
-  the largest; padded rows and tokens carry mask 0 and advantage 0, so they add nothing.
+  worker w's rows summed into slice w (one product per worker over its own range of rows).
+  That goes to a stand-in leaf per parameter; the real parameters are frozen for the pass, so
+  no summed weight gradient is computed. Rows never mix across workers: attention stays within
+  a row, and a row reads only its own worker's prompts.
+- The batch is the workers' batches one after the other: each worker's rows with a nonzero
+  advantage (as `shard_gradients` skips the rest) and its distinct prompts, as contiguous
+  ranges, with the prompts left-padded and the completions right-padded to the longest (mask 0
+  there). `completion_logprobs` says before each model call whether it runs the prompts or the
+  rows, so each layer knows which ranges belong to which worker.
 - A model with any other parameterised module, tied weights, biases or a KL term raises
   `GroupedGradientError`; `krill train local` then takes one pass per worker.
 - The result equals `krill.rl.gradient.shard_gradients` per worker up to float32 rounding (sums
@@ -42,19 +44,32 @@ class GroupedGradientError(KrillError, ValueError):
     """The model or loss has something the grouped pass cannot split by worker."""
 
 
+class _Layout:
+    """Which batch rows belong to which worker, for the model call under way."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.ranges: dict[str, list[tuple[int, int]]] = {}
+        self.current: list[tuple[int, int]] = []
+
+    def use(self, call: str) -> None:
+        self.current = self.ranges[call]
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, stand_in, workers):
+    def forward(ctx, x, weight, stand_in, layout):
         ctx.save_for_backward(x, weight)
-        ctx.workers = workers
+        ctx.ranges = layout.current
         return torch.nn.functional.linear(x, weight)
 
     @staticmethod
     def backward(ctx, gy):
         x, weight = ctx.saved_tensors
-        w = ctx.workers
         gx = torch.matmul(gy, weight)
-        gw = torch.bmm(gy.reshape(w, -1, gy.shape[-1]).transpose(1, 2), x.reshape(w, -1, x.shape[-1]))
+        gw = torch.empty(len(ctx.ranges), *weight.shape, dtype=gy.dtype)
+        for k, (lo, hi) in enumerate(ctx.ranges):
+            torch.mm(gy[lo:hi].reshape(-1, gy.shape[-1]).t(), x[lo:hi].reshape(-1, x.shape[-1]), out=gw[k])
         return gx, None, gw, None
 
 
@@ -62,62 +77,65 @@ class _Scale(torch.autograd.Function):
     """weight * h (the last step of an RMSNorm), weight gradient per worker."""
 
     @staticmethod
-    def forward(ctx, h, weight, stand_in, workers):
+    def forward(ctx, h, weight, stand_in, layout):
         ctx.save_for_backward(h, weight)
-        ctx.workers = workers
+        ctx.ranges = layout.current
         return weight * h
 
     @staticmethod
     def backward(ctx, gy):
         h, weight = ctx.saved_tensors
-        gw = (gy * h).reshape(ctx.workers, -1, h.shape[-1]).sum(dim=1)
+        gh = gy * h
+        gw = torch.stack([gh[lo:hi].reshape(-1, h.shape[-1]).sum(dim=0) for lo, hi in ctx.ranges])
         return gy * weight, None, gw, None
 
 
 class _Embedding(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, stand_in, workers, padding_idx):
+    def forward(ctx, ids, weight, stand_in, layout, padding_idx):
         ctx.save_for_backward(ids)
-        ctx.workers, ctx.padding_idx, ctx.shape = workers, padding_idx, weight.shape
+        ctx.ranges, ctx.padding_idx, ctx.shape = layout.current, padding_idx, weight.shape
         return torch.nn.functional.embedding(ids, weight, padding_idx)
 
     @staticmethod
     def backward(ctx, gy):
         (ids,) = ctx.saved_tensors
-        w = ctx.workers
+        w = len(ctx.ranges)
         vocab, dim = ctx.shape
-        rows = ids.reshape(w, -1)
-        index = (rows + torch.arange(w, dtype=ids.dtype).unsqueeze(1) * vocab).reshape(-1)
+        owner = torch.repeat_interleave(torch.arange(w), torch.tensor([hi - lo for lo, hi in ctx.ranges]))
+        shaped = owner.view(-1, *([1] * (ids.ndim - 1))).expand_as(ids)
+        index = (ids + shaped * vocab).reshape(-1)
         grad = gy.reshape(-1, dim)
         if ctx.padding_idx is not None:  # as nn.Embedding: the padding row gets no gradient
-            grad = grad * (rows.reshape(-1) != ctx.padding_idx).unsqueeze(1).to(grad.dtype)
+            grad = grad * (ids.reshape(-1) != ctx.padding_idx).unsqueeze(1).to(grad.dtype)
         gw = torch.zeros(w * vocab, dim, dtype=gy.dtype).index_add_(0, index, grad)
         return None, None, gw.view(w, vocab, dim), None, None
 
 
-def _forward(module: torch.nn.Module, stand_in: torch.Tensor, workers: int):
+def _forward(module: torch.nn.Module, stand_in: torch.Tensor, layout: _Layout):
     """A forward for `module` that reports its weight gradient per worker into `stand_in`."""
     if isinstance(module, torch.nn.Linear):
         if module.bias is not None:
             raise GroupedGradientError("grouped gradients: Linear layers with a bias are not supported")
-        return lambda self, x: _Linear.apply(x, self.weight, stand_in, workers)
+        return lambda self, x: _Linear.apply(x, self.weight, stand_in, layout)
     if isinstance(module, torch.nn.Embedding):
         if module.max_norm is not None or module.scale_grad_by_freq or module.sparse:
             raise GroupedGradientError("grouped gradients: Embedding options max_norm/scale_grad_by_freq/sparse")
-        return lambda self, ids: _Embedding.apply(ids, self.weight, stand_in, workers, self.padding_idx)
+        return lambda self, ids: _Embedding.apply(ids, self.weight, stand_in, layout, self.padding_idx)
     if type(module).__name__ == "LlamaRMSNorm":
         def rms_norm(self, hidden):  # LlamaRMSNorm.forward, the weight applied by `_Scale`
             dtype = hidden.dtype
             h = hidden.to(torch.float32)
             h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-            return _Scale.apply(h.to(dtype), self.weight, stand_in, workers)
+            return _Scale.apply(h.to(dtype), self.weight, stand_in, layout)
         return rms_norm
     raise GroupedGradientError(f"grouped gradients: unsupported parameterised module {type(module).__name__}")
 
 
 @contextmanager
-def grouped_parameters(model: torch.nn.Module, workers: int):
+def grouped_parameters(model: torch.nn.Module, layout: _Layout):
     """Yield {name: stand-in leaf [W, ...]} whose .grad is each worker's weight gradient after backward."""
+    workers = layout.workers
     stand_ins: dict[str, torch.Tensor] = {}
     patched: list[torch.nn.Module] = []
     frozen = {name: p.requires_grad for name, p in model.named_parameters()}
@@ -134,7 +152,7 @@ def grouped_parameters(model: torch.nn.Module, workers: int):
             seen.add(id(own["weight"]))
             shape = own["weight"].shape
             stand_in = torch.zeros((), dtype=own["weight"].dtype).expand(workers, *shape).requires_grad_()
-            module.forward = types.MethodType(_forward(module, stand_in, workers), module)
+            module.forward = types.MethodType(_forward(module, stand_in, layout), module)
             patched.append(module)
             stand_ins[f"{prefix}.weight"] = stand_in
         for p in model.parameters():
@@ -147,40 +165,32 @@ def grouped_parameters(model: torch.nn.Module, workers: int):
             p.requires_grad_(frozen[name])
 
 
-def _pad_batches(batches: list[CompletionBatch], pad_id: int) -> CompletionBatch:
-    """One batch of the workers' batches, each padded to the same prompts, width, rows and steps."""
-    prompts = max(1, max(b.prompt_ids.shape[0] for b in batches))
-    width = max(1, max(b.prompt_ids.shape[1] for b in batches))
-    rows = max(1, max(b.targets.shape[0] for b in batches))
+def _concatenate(batches: list[CompletionBatch], pad_id: int) -> tuple[CompletionBatch, _Layout]:
+    """The workers' batches one after the other (prompts left-padded, completions right-padded)."""
+    width = max(b.prompt_ids.shape[1] for b in batches)
     steps = max(b.targets.shape[1] for b in batches)
-    w = len(batches)
-    prompt_ids = torch.full((w * prompts, width), pad_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((w * prompts, width), dtype=torch.int64)
-    group = torch.zeros(w * rows, dtype=torch.int64)
-    prompt_lengths = torch.zeros(w * rows, dtype=torch.int64)
-    targets = torch.full((w * rows, steps), pad_id, dtype=torch.int64)
-    mask = torch.zeros((w * rows, steps), dtype=torch.float32)
-    behaviour = torch.zeros((w * rows, steps), dtype=torch.float32)
-    for k, b in enumerate(batches):
-        p, lp = b.prompt_ids.shape
-        r, t = b.targets.shape
-        p0, r0 = k * prompts, k * rows
-        if p:
-            prompt_ids[p0:p0 + p, width - lp:] = b.prompt_ids
-            prompt_mask[p0:p0 + p, width - lp:] = b.prompt_mask
-            prompt_ids[p0 + p:p0 + prompts] = prompt_ids[p0]  # padding prompts: copies of the first
-            prompt_mask[p0 + p:p0 + prompts] = prompt_mask[p0]
-        else:  # a worker with no active rows: one placeholder token, read by nothing that counts
-            prompt_mask[p0:p0 + prompts, -1] = 1
-        group[r0:r0 + rows] = p0
-        group[r0:r0 + r] = b.group + p0
-        prompt_lengths[r0:r0 + rows] = int(prompt_mask[p0].sum())
-        prompt_lengths[r0:r0 + r] = b.prompt_lengths
-        targets[r0:r0 + r, :t] = b.targets
-        mask[r0:r0 + r, :t] = b.mask
-        behaviour[r0:r0 + r, :t] = b.behaviour
-    return CompletionBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, group=group,
-                           prompt_lengths=prompt_lengths, targets=targets, mask=mask, behaviour=behaviour)
+    layout = _Layout(len(batches))
+    prompt_at, row_at = [0], [0]
+    for b in batches:
+        prompt_at.append(prompt_at[-1] + b.prompt_ids.shape[0])
+        row_at.append(row_at[-1] + b.targets.shape[0])
+    layout.ranges = {"prompts": list(zip(prompt_at, prompt_at[1:])), "rows": list(zip(row_at, row_at[1:]))}
+
+    def left(t: torch.Tensor, fill: int) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=fill)
+
+    def right(t: torch.Tensor, fill: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, steps - t.shape[1]), value=fill)
+
+    batch = CompletionBatch(
+        prompt_ids=torch.cat([left(b.prompt_ids, pad_id) for b in batches]),
+        prompt_mask=torch.cat([left(b.prompt_mask, 0) for b in batches]),
+        group=torch.cat([b.group + at for b, at in zip(batches, prompt_at, strict=False)]),
+        prompt_lengths=torch.cat([b.prompt_lengths for b in batches]),
+        targets=torch.cat([right(b.targets, pad_id) for b in batches]),
+        mask=torch.cat([right(b.mask, 0.0) for b in batches]),
+        behaviour=torch.cat([right(b.behaviour, 0.0) for b in batches]))
+    return batch, layout
 
 
 def grouped_shard_gradients(model: torch.nn.Module, work: list[tuple[Rollouts, torch.Tensor]],
@@ -206,17 +216,16 @@ def grouped_shard_gradients(model: torch.nn.Module, work: list[tuple[Rollouts, t
     try:
         if was_training:
             model.train(False)  # no dropout: the gradient must be a function of the inputs alone
-        with grouped_parameters(model, w) as stand_ins:
+        batches = [completion_batch(rollouts, pad_id, idx) for (rollouts, _), idx in zip(work, active, strict=True)]
+        batch, layout = _concatenate(batches, pad_id)
+        with grouped_parameters(model, layout) as stand_ins:
             if any(len(idx) for idx in active):
-                batches = [completion_batch(rollouts, pad_id, idx) for (rollouts, _), idx in zip(work, active, strict=True)]
-                rows = max(b.targets.shape[0] for b in batches)
-                batch = _pad_batches(batches, pad_id)
-                logp = completion_logprobs(model, batch, config.temperature)
+                logp = completion_logprobs(model, batch, config.temperature, before_call=layout.use)
                 for k, ((rollouts, adv), idx) in enumerate(zip(work, active, strict=True)):
                     if len(idx):
-                        lo, n = k * rows, len(idx)
-                        losses[k], stats[k] = policy_loss(logp[lo:lo + n], batch.behaviour[lo:lo + n], adv[idx],
-                                                          batch.mask[lo:lo + n], config,
+                        lo, hi = layout.ranges["rows"][k]
+                        losses[k], stats[k] = policy_loss(logp[lo:hi], batch.behaviour[lo:hi], adv[idx],
+                                                          batch.mask[lo:hi], config,
                                                           num_tokens=rollouts.num_completion_tokens)
                 torch.stack([x for x in losses if x is not None]).sum().backward()
             for shard, names in shards.items():
