@@ -174,7 +174,8 @@ def _concatenate(batches: list[CompletionBatch], pad_id: int) -> tuple[Completio
     for b in batches:
         prompt_at.append(prompt_at[-1] + b.prompt_ids.shape[0])
         row_at.append(row_at[-1] + b.targets.shape[0])
-    layout.ranges = {"prompts": list(zip(prompt_at, prompt_at[1:])), "rows": list(zip(row_at, row_at[1:]))}
+    layout.ranges = {"prompts": list(zip(prompt_at[:-1], prompt_at[1:], strict=True)),
+                     "rows": list(zip(row_at[:-1], row_at[1:], strict=True))}
 
     def left(t: torch.Tensor, fill: int) -> torch.Tensor:
         return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=fill)
