@@ -122,6 +122,9 @@ class WorkerConfig(_RoleSection):
     max_per_version: int | None = Field(2, ge=1, description="Commits per published version before waiting for the "
                                         "next one (work beyond what a version folds only goes stale); None: no limit.")
     stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill worker stake` deposits.")
+    watch_interval_s: float = Field(0.25, ge=0, le=60, description="How often a background thread reads the newest "
+                                    "version and fetches a new one's shards; 0: the worker reads the chain itself "
+                                    "when it needs the newest version.")
 
     @field_validator("behavior")
     @classmethod

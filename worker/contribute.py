@@ -100,6 +100,14 @@ class Contributor:
         self.behaviour = BehaviourPolicy(source)
         self.learner = LearnerPolicy(source)
         self._seen_latest: tuple[int, float] | None = None  # (newest version, monotonic time) `make` last read
+        self.watcher = None  # a started `VersionWatcher`, when the worker runs one
+
+    def newest(self) -> int:
+        """The newest published version: the watcher's when it is fresh, else read from the chain."""
+        v = self.watcher.latest() if self.watcher is not None else None
+        if v is None:
+            v = self.backoff.call(self.source.latest, "chain (latest version)")
+        return v
 
     def take_seen_latest(self, max_age_s: float) -> int | None:
         """The newest version the last `make` read after sampling, if under `max_age_s` old; once only."""
@@ -138,7 +146,7 @@ class Contributor:
         b = behaviour_version
         if b is None:
             with phase("chain_read"):
-                b = self.backoff.call(self.source.latest, "chain (latest version)")
+                b = self.newest()
         with phase("fetch_version"):
             engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
@@ -152,7 +160,7 @@ class Contributor:
         summary = {"mean_reward": float(sampled.rewards.mean()), "true_mean_reward": float(true_rewards.mean()),
                    "tokens": int(sampled.rollouts.num_completion_tokens)}
         with phase("chain_read"):
-            v = self.backoff.call(self.source.latest, "chain (latest version)")
+            v = self.newest()
         self._seen_latest = (v, time.monotonic())
         if v - b > self.spec.staleness.max_staleness:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},

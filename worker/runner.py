@@ -17,6 +17,8 @@ Design decisions:
 - The newest version a contribution read after sampling (its learner version) is the next
   contribution's behaviour version when it is under `REUSE_LATEST_S` old, instead of a second read
   moments later: chain reads were a fifth of the critical path.
+- The newest version comes from a background `VersionWatcher` (every `worker.watch_interval_s`,
+  fetching a new version's shards ahead) while its reading is fresh, else from the chain.
 - Contribution n + 1 is made while contribution n is saved, uploaded and committed in a
   background thread (`SubmitPipeline`, one in flight); its outcome is reported when it is known. The
   per-version cap counts the commit in flight; `max_contributions` stops making new work once
@@ -38,6 +40,7 @@ from krill.worker.contribute import COMMITTED, Contributor, Outcome, jailed_mess
 from krill.worker.errors import JailedError, KeyMismatchError, NotStakedError
 from krill.worker.nonce_state import WorkerState
 from krill.worker.pipeline import SubmitPipeline
+from krill.worker.watcher import VersionWatcher
 
 REUSE_LATEST_S = 0.25  # how old the last contribution's read of the newest version may be to start the next
 
@@ -170,30 +173,43 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
     per_version: dict[int, int] = {}  # commits that landed, per version
     report(s.contributor.resume())
-    cap = config.worker.max_per_version
-    checked_at: int | None = None  # the newest version seen when a submission last took the stake check
 
     def check_stake() -> None:
         s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
                        "chain (stake)")
 
     pipeline = SubmitPipeline(s.contributor)
+    if config.worker.watch_interval_s > 0:
+        s.contributor.watcher = VersionWatcher(s.contributor.source, config.worker.watch_interval_s).start()
+    try:
+        _contribute_loop(s, config, pipeline, report, per_version, lambda: committed, limit, check_stake)
+    finally:
+        if s.contributor.watcher is not None:
+            s.contributor.watcher.stop()
+    return outcomes
+
+
+def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipeline, report, per_version: dict,
+                     committed: Callable[[], int], limit: int | None, check_stake: Callable[[], None]) -> None:
+    """Make contributions and hand them to `pipeline` until `limit` commits landed (None: forever)."""
+    cap = config.worker.max_per_version
+    checked_at: int | None = None  # the newest version seen when a submission last took the stake check
     while True:
         if pipeline.done():
             report(pipeline.wait())
-        if limit is not None and committed + pipeline.in_flight >= limit:
+        if limit is not None and committed() + pipeline.in_flight >= limit:
             if not pipeline.in_flight:
                 break
             report(pipeline.wait())  # the last one may still fail (stale): then the loop goes on
             continue
         with recording() as phases:  # this contribution's phases, its chain reads included
             started = time.perf_counter()
-            seen = s.contributor.take_seen_latest(REUSE_LATEST_S)
-            if seen is not None:
-                latest = seen
-            else:
+            watched = s.contributor.watcher.latest() if s.contributor.watcher is not None else None
+            seen = s.contributor.take_seen_latest(REUSE_LATEST_S)  # taken either way: it is for this start only
+            latest = watched if watched is not None else seen
+            if latest is None:
                 with phase("chain_read"):
-                    latest = s.backoff.call(s.contributor.source.latest, "chain (latest version)")
+                    latest = s.contributor.newest()
             at_latest = per_version.get(latest, 0) + (pipeline.model_version == latest)
             if cap is not None and at_latest >= cap:
                 # This version has our share; more work now would only go stale. Wait for the next one.
@@ -211,4 +227,3 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
         report(previous)
         pipeline.start(made, phases, before=check_stake if latest != checked_at else None)
         checked_at = latest
-    return outcomes

@@ -9,11 +9,14 @@ Design decisions:
   weights it has while newer versions appear; the learner computes gradients at the newest
   version the worker holds. Each follows its own version and reloads weights only when that
   version changes, so asynchrony never mixes one policy's weights into the other.
+- The cache is shared with the version watcher's thread (`krill.worker.watcher`), which fetches
+  new versions ahead: one lock around a look-up or fetch, so a version is fetched once.
 - The tokenizer and task are fixed for the run (manifest tokenizer CID, spec task) and loaded once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 from krill.protocol.spec import RunSpec
@@ -29,6 +32,7 @@ class RunSource:
         self.spec = spec
         self.keep = max(2, int(keep))
         self._states: OrderedDict[int, VersionState] = OrderedDict()
+        self._lock = threading.RLock()
         self._tokenizer = None
         self._task = None
 
@@ -38,16 +42,17 @@ class RunSource:
     def version(self, version: int) -> VersionState:
         from krill.protocol.state import load_chain_version
 
-        state = self._states.get(version)
-        if state is None:
-            state = load_chain_version(self.chain, self.store, self.spec, version)
-            state.all_tensors()  # fetch every shard now, while the caller handles outages
-            self._states[version] = state
-            while len(self._states) > self.keep:
-                self._states.popitem(last=False)
-        else:
-            self._states.move_to_end(version)
-        return state
+        with self._lock:  # the version watcher fetches ahead from its own thread
+            state = self._states.get(version)
+            if state is None:
+                state = load_chain_version(self.chain, self.store, self.spec, version)
+                state.all_tensors()  # fetch every shard now, while the caller handles outages
+                self._states[version] = state
+                while len(self._states) > self.keep:
+                    self._states.popitem(last=False)
+            else:
+                self._states.move_to_end(version)
+            return state
 
     @property
     def tokenizer(self):

@@ -1,0 +1,78 @@
+"""A background thread that keeps the run's newest version at hand and fetches its shards ahead.
+
+Design decisions:
+- A worker needs the newest published version twice per contribution: before sampling (its
+  behaviour version) and after (its learner version). Read from the chain on the critical path,
+  those reads were 12% of the worker's busy time, and fetching a new version's shards when the
+  learner first needed them another 8%. The watcher reads `latestVersion` every `interval_s` in
+  its own thread and, when the version is new, fetches and verifies its shards into the
+  `RunSource` cache, so the learner finds them there.
+- A value is used only while it is fresh (`max_age_s`, twice the interval by default): a worker
+  whose watcher stalls (chain unreachable, thread stopped) reads the chain itself, through its
+  `Backoff`, which reports the outage; the watcher only counts its errors and retries.
+- Freshness costs staleness: a contribution may start from, or learn at, a version up to
+  `max_age_s` old, so now and then one version behind the newest; the coordinator's staleness
+  weights already price that, as they price a worker's network latency.
+- Daemon thread, stopped by `stop()`; `interval_s` = 0 in the configuration turns it off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from krill.phases import phase, recording
+
+
+class VersionWatcher:
+    """The newest version of `source`'s run, refreshed in the background."""
+
+    def __init__(self, source, interval_s: float, max_age_s: float | None = None):
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.source = source
+        self.interval_s = float(interval_s)
+        self.max_age_s = 2.0 * self.interval_s if max_age_s is None else float(max_age_s)
+        self._seen: tuple[int, float] | None = None  # (newest version, monotonic time of the read)
+        self._fetched: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.phases: dict[str, float] = {}  # the watcher's own time: `read_ahead` (reads and fetches)
+        self.errors = 0
+
+    def start(self) -> VersionWatcher:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="krill-version-watcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 1.0)
+            self._thread = None
+
+    def latest(self) -> int | None:
+        """The newest version read under `max_age_s` ago, or None."""
+        seen = self._seen
+        if seen is None or time.monotonic() - seen[1] > self.max_age_s:
+            return None
+        return seen[0]
+
+    def poll(self) -> None:
+        """One read of the newest version, and a fetch of its shards when it is new (the thread's step)."""
+        with recording(self.phases), phase("read_ahead"):
+            version = int(self.source.latest())
+            self._seen = (version, time.monotonic())
+            if version != self._fetched:
+                self.source.version(version)
+                self._fetched = version
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.poll()
+            except Exception:  # chain or store unreachable: the value goes stale and the worker reads itself
+                self.errors += 1
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
