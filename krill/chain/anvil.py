@@ -7,10 +7,12 @@ Design decisions:
 - Readiness is polled (eth_chainId) with a deadline, not slept for.
 - `AnvilProcess` stops only the process it started (by PID, SIGTERM then SIGKILL); it is a context
   manager so tests and the demo never leak nodes.
-- `--prune-history`: Anvil otherwise writes the state of old blocks to ~/.foundry/anvil/tmp and
-  leaves it there when stopped (8 GB after one 400-version demo; 73 GB had piled up on the
+- `--prune-history 32`: Anvil otherwise writes the state of old blocks to ~/.foundry/anvil/tmp
+  and leaves it there when stopped (8 GB after one 400-version demo; 73 GB had piled up on the
   development machine and filled its disk). Krill reads events and the latest state only, never
-  state at an old block, so nothing is lost; blocks, receipts and logs are kept.
+  state at an old block; blocks, receipts and logs are kept. The 32 newest states stay in memory:
+  with none kept, a call for `latest` raced the next block ("block height is 207 but requested
+  was 206") and stopped the demo's coordinator.
 - The node's default mnemonic gives funded dev accounts; `DEV_MNEMONIC` is Anvil's well-known one,
   public on purpose: devnets only.
 """
@@ -91,7 +93,7 @@ class AnvilProcess:
         port = port or free_port()
         args = [str(anvil_binary()), "--host", "127.0.0.1", "--port", str(port), "--chain-id", str(chain_id),
                 "--accounts", str(accounts), "--balance", str(balance_eth), "--mnemonic", DEV_MNEMONIC,
-                "--hardfork", "prague", "--prune-history"]
+                "--hardfork", "prague", "--prune-history", "32"]
         if block_time is not None:
             args += ["--block-time", str(block_time)]
         if log_path is None:
