@@ -272,27 +272,19 @@ def nearest_neighbour_mixing(x: torch.Tensor, f: int) -> torch.Tensor:
         return x
     dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
     nearest = [tuple(sorted(row)) for row in torch.sort(dist, dim=1, stable=True).indices[:, :n - f].tolist()]
-    # Each sum runs over its rows in index order, as `_ordered_sum`. Rows with the same
-    # neighbours share one sum, and a sum continues from the previous one's running total over
-    # their common first neighbours (sets taken in sorted order): the same additions, fewer of them.
-    sums: dict[tuple[int, ...], torch.Tensor] = {}
-    running: list[torch.Tensor] = []  # running[k]: the sum over the first k + 1 rows of `previous`
-    previous: tuple[int, ...] = ()
-    for rows in sorted(set(nearest)):
-        common = 0
-        while common < len(previous) and rows[common] == previous[common]:
-            common += 1
-        del running[common:]
-        total = running[-1] if running else torch.zeros_like(x[0])
-        for j in rows[common:]:
-            total = total + x[j]
-            running.append(total)
-        sums[rows] = total
-        previous = rows
+    # Each sum runs over its rows in index order, as `_ordered_sum`, in place in its output row;
+    # rows with the same neighbours share one sum (a copy), which is most rows when f is small.
     out = torch.empty_like(x)
+    first: dict[tuple[int, ...], int] = {}
     for i, rows in enumerate(nearest):
-        torch.div(sums[rows], n - f, out=out[i])
-    return out
+        if rows in first:
+            out[i].copy_(out[first[rows]])
+            continue
+        first[rows] = i
+        out[i].zero_()
+        for j in rows:
+            out[i] += x[j]
+    return out.div_(n - f)
 
 
 def centered_clipping(x: torch.Tensor, w: torch.Tensor, tau: float | None, iterations: int) -> torch.Tensor:
