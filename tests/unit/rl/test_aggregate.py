@@ -154,7 +154,7 @@ def test_trimmed_mean_gives_each_coordinate_the_same_bits_whatever_the_width(mon
 
 
 def test_nearest_neighbour_mixing_shares_sums_without_changing_them():
-    """Shared running sums give the bits of summing each row's neighbours from zero in index order."""
+    """One sum per distinct neighbour set gives the bits of summing each row's neighbours from zero in index order."""
     from krill.rl.aggregate import nearest_neighbour_mixing
 
     g = torch.Generator().manual_seed(9)
