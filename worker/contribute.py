@@ -102,19 +102,17 @@ class Contributor:
         self._seen_latest: tuple[int, float] | None = None  # (newest version, monotonic time) `make` last read
         self.watcher = None  # a started `VersionWatcher`, when the worker runs one
 
-    def newest(self) -> int:
-        """The newest published version: the watcher's when it is fresh, else read from the chain."""
-        v = self.watcher.latest() if self.watcher is not None else None
-        if v is None:
-            v = self.backoff.call(self.source.latest, "chain (latest version)")
-        return v
-
-    def take_seen_latest(self, max_age_s: float) -> int | None:
-        """The newest version the last `make` read after sampling, if under `max_age_s` old; once only."""
+    def newest(self, reuse_s: float = 0.0) -> int:
+        """The newest published version: the watcher's reading while it is fresh, else the one the last
+        `make` read after sampling if under `reuse_s` old (used once), else a chain read."""
         seen, self._seen_latest = self._seen_latest, None
-        if seen is None or time.monotonic() - seen[1] > max_age_s:
-            return None
-        return seen[0]
+        v = self.watcher.latest() if self.watcher is not None else None
+        if v is None and seen is not None and time.monotonic() - seen[1] <= reuse_s:
+            v = seen[0]
+        if v is None:
+            with phase("chain_read"):
+                v = self.backoff.call(self.source.latest, "chain (latest version)")
+        return v
 
     # ------------------------------------------------------------------ produce
     def contribute(self) -> Outcome:
@@ -145,8 +143,7 @@ class Contributor:
         started = time.perf_counter() if started is None else started
         b = behaviour_version
         if b is None:
-            with phase("chain_read"):
-                b = self.newest()
+            b = self.newest()
         with phase("fetch_version"):
             engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
@@ -159,8 +156,7 @@ class Contributor:
         seconds = {"sample": sampled.seconds}
         summary = {"mean_reward": float(sampled.rewards.mean()), "true_mean_reward": float(true_rewards.mean()),
                    "tokens": int(sampled.rollouts.num_completion_tokens)}
-        with phase("chain_read"):
-            v = self.newest()
+        v = self.newest()
         self._seen_latest = (v, time.monotonic())
         if v - b > self.spec.staleness.max_staleness:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},

@@ -204,12 +204,7 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
             continue
         with recording() as phases:  # this contribution's phases, its chain reads included
             started = time.perf_counter()
-            watched = s.contributor.watcher.latest() if s.contributor.watcher is not None else None
-            seen = s.contributor.take_seen_latest(REUSE_LATEST_S)  # taken either way: it is for this start only
-            latest = watched if watched is not None else seen
-            if latest is None:
-                with phase("chain_read"):
-                    latest = s.contributor.newest()
+            latest = s.contributor.newest(REUSE_LATEST_S)
             at_latest = per_version.get(latest, 0) + (pipeline.model_version == latest)
             if cap is not None and at_latest >= cap:
                 # This version has our share; more work now would only go stale. Wait for the next one.

@@ -21,6 +21,7 @@ Design decisions:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 import torch
@@ -170,6 +171,20 @@ def _kept_table(lower: list[float], w: float, cut: float, top: float) -> torch.T
     return torch.tensor([k if k > 0.0 else 0.0 for k in kept], dtype=torch.float64)
 
 
+def _below_keys(x: torch.Tensor, place: Callable[[int, int], int]) -> torch.Tensor:
+    """Per submission i and coordinate, the sum of `place(i, j)` over the submissions j sorting below i
+    (ties: the lower index first), in one byte: the key `_subset_kept` and `_counted_kept` look up."""
+    n, d = x.shape
+    key = torch.zeros(n, d, dtype=torch.uint8)
+    before = torch.empty(d, dtype=torch.bool)
+    for i in range(n):
+        for j in range(i):
+            torch.le(x[j], x[i], out=before)  # j sorts before i
+            key[i].add_(before, alpha=place(i, j))
+            key[j].add_(before.logical_not_(), alpha=place(j, i))
+    return key
+
+
 def _subset_kept(x: torch.Tensor, wl: list[float], cut: float, top: float) -> torch.Tensor:
     """Kept weight [n, d] for n <= 8 submissions with any weights.
 
@@ -179,13 +194,7 @@ def _subset_kept(x: torch.Tensor, wl: list[float], cut: float, top: float) -> to
     up from it: one small table per submission instead of float64 work per coordinate.
     """
     n, d = x.shape
-    key = torch.zeros(n, d, dtype=torch.uint8)
-    before = torch.empty(d, dtype=torch.bool)
-    for i in range(n):
-        for j in range(i):
-            torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
-            key[i].add_(before, alpha=1 << j)  # j < i: bit j among i's others
-            key[j].add_(before.logical_not_(), alpha=1 << (i - 1))  # i > j: bit i - 1 among j's others
+    key = _below_keys(x, lambda i, j: 1 << (j if j < i else j - 1))  # bit of j among i's others
     kept = torch.empty(n, d, dtype=torch.float64)
     for i in range(n):
         others = wl[:i] + wl[i + 1:]
@@ -215,13 +224,7 @@ def _counted_kept(x: torch.Tensor, wl: list[float], values: list[float], cut: fl
     for m in sizes[:-1]:
         radix.append(radix[-1] * (m + 1))
     keys = radix[-1] * (sizes[-1] + 1)
-    key = torch.zeros(n, d, dtype=torch.uint8)
-    before = torch.empty(d, dtype=torch.bool)
-    for i in range(n):
-        for j in range(i):
-            torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
-            key[i].add_(before, alpha=radix[cls[j]])
-            key[j].add_(before.logical_not_(), alpha=radix[cls[i]])
+    key = _below_keys(x, lambda i, j: radix[cls[j]])
     lower = []
     for k in range(keys):
         below = 0.0

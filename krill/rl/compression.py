@@ -61,9 +61,8 @@ def _top_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     n = values.numel()
     if k >= n:
         return torch.ones(n, dtype=torch.bool)
-    flat = values.detach().reshape(-1).contiguous()
-    threshold = torch.from_numpy(np.partition(flat.numpy(), n - k)[n - k:n - k + 1].copy()).reshape(())
-    values = flat
+    values = values.detach().reshape(-1).contiguous()
+    threshold = torch.from_numpy(np.partition(values.numpy(), n - k)[n - k:n - k + 1].copy()).reshape(())
     chosen = values > threshold
     missing = k - int(chosen.sum())
     if missing > 0:

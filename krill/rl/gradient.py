@@ -39,20 +39,28 @@ class GradientResult:
     seconds: float
 
 
-def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torch.Tensor,
-                    shards: dict[int, list[str]], config: LossConfig, pad_id: int,
-                    ref_model: torch.nn.Module | None = None) -> GradientResult:
-    """Gradient of the token-normalised policy loss on `rollouts`, for each shard's parameters."""
-    started = time.perf_counter()
+def check_inputs(params: dict[str, torch.Tensor], shards: dict[int, list[str]], rollouts: Rollouts,
+                 advantages: torch.Tensor) -> dict[str, int]:
+    """Raise `GradientError` for an advantage vector not one per rollout or a shard naming a parameter the
+    model lacks; returns each wanted parameter's shard."""
     if advantages.shape != (len(rollouts),):
         raise GradientError(f"advantages: shape {tuple(advantages.shape)}, expected ({len(rollouts)},)")
-    params = dict(model.named_parameters())
     wanted: dict[str, int] = {}
     for shard, names in shards.items():
         for name in names:
             if name not in params:
                 raise GradientError(f"shards[{shard}]: model has no parameter {name!r}")
             wanted[name] = shard
+    return wanted
+
+
+def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torch.Tensor,
+                    shards: dict[int, list[str]], config: LossConfig, pad_id: int,
+                    ref_model: torch.nn.Module | None = None) -> GradientResult:
+    """Gradient of the token-normalised policy loss on `rollouts`, for each shard's parameters."""
+    started = time.perf_counter()
+    params = dict(model.named_parameters())
+    wanted = check_inputs(params, shards, rollouts, advantages)
     total_tokens = rollouts.num_completion_tokens
     rows = torch.nonzero(advantages != 0).flatten()
     grads: dict[int, dict[str, torch.Tensor]] = {s: {} for s in shards}

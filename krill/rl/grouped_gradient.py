@@ -36,7 +36,7 @@ import torch
 from krill.errors import KrillError
 from krill.rl.batch import CompletionBatch, completion_batch, completion_logprobs
 from krill.rl.engine.base import Rollouts
-from krill.rl.gradient import GradientError, GradientResult
+from krill.rl.gradient import GradientResult, check_inputs
 from krill.rl.loss import LossConfig, policy_loss
 
 
@@ -199,13 +199,8 @@ def grouped_shard_gradients(model: torch.nn.Module, work: list[tuple[Rollouts, t
     """`shard_gradients(model, rollouts, advantages, shards, config, pad_id)` for each (rollouts, advantages)."""
     started = time.perf_counter()
     params = dict(model.named_parameters())
-    for shard, names in shards.items():
-        for name in names:
-            if name not in params:
-                raise GradientError(f"shards[{shard}]: model has no parameter {name!r}")
     for rollouts, advantages in work:
-        if advantages.shape != (len(rollouts),):
-            raise GradientError(f"advantages: shape {tuple(advantages.shape)}, expected ({len(rollouts)},)")
+        check_inputs(params, shards, rollouts, advantages)
     if config.kl_coef > 0:
         raise GroupedGradientError("grouped gradients: a KL term needs the reference model")
     w = len(work)
