@@ -52,6 +52,10 @@ class RunContext:
                 del self._states[old]
         return self._states[version]
 
+    def adopt(self, state) -> None:
+        """Cache `state`, a version this process just published (its chain digests are the state's)."""
+        self._states[state.version] = state
+
     @property
     def tokenizer(self):
         """The run's tokenizer (the base manifest's; fixed for the run)."""

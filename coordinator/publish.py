@@ -10,6 +10,10 @@ Design decisions:
   already holds t (we crashed after the transaction), the row is just marked published; if it
   holds t - 1, the content is (re)computed, stored (idempotent: content-addressed) and published.
   Anything else means another coordinator publishes this run, and we stop with an error.
+- Once the transaction has landed, the new version's state is cached as the fold left it in memory
+  (tensors, optimizer states: the bytes just stored), so the next fold does not read back and
+  re-hash what this process wrote (about a tenth of a demo version's coordinator time). After a
+  restart, or when the chain already held the version, it is loaded from chain and store.
 - `--shards` restricts the fold to the shards this coordinator serves; the others keep their
   weights and optimizer states (their outcome is absent from the record).
 """
@@ -59,22 +63,23 @@ def submissions(ctx, accepted: list[dict]):
 
 
 def build_content(ctx, row: VersionDecision):
-    """Fold and store version `row.version`; returns (manifest, record, bytes published)."""
+    """Fold and store version `row.version`; returns (state, bytes published): the new version's
+    `VersionState` holding the folded tensors and optimizer states it stored."""
     from krill.protocol.record import AcceptedEntry, RejectedEntry
-    from krill.protocol.step import fold_version, publish_version_content
+    from krill.protocol.step import fold_version, folded_state, publish_version_content
 
     parent = ctx.state(row.version - 1)
     subs, states = submissions(ctx, row.accepted)
     results = fold_version(ctx.spec, parent, subs, states, shards=ctx.shards)
     with phase("store"):
-        manifest, _cid, record = publish_version_content(
+        manifest, manifest_cid, record = publish_version_content(
             ctx.store, ctx.spec, parent, results, [AcceptedEntry(**e) for e in row.accepted],
             [RejectedEntry(**e) for e in row.rejected], row.closed_by)
     changed = {r.shard for r in results if r.submissions > 0}
     sent = len(manifest.canonical_bytes()) + len(record.encode())
     sent += sum(s.size for s in manifest.shards if s.index in changed)
     sent += sum(len(r.optimizer_state) for r in results if r.submissions > 0)
-    return manifest, record, sent
+    return folded_state(ctx.store, ctx.spec, parent, results, manifest, manifest_cid, record), sent
 
 
 def complete_version(ctx, version: int) -> Published:
@@ -92,15 +97,16 @@ def complete_version(ctx, version: int) -> Published:
         raise CoordinatorStateError(f"the chain's latest version is {latest}, the journal is at {version}: "
                                     "another coordinator publishes this run?")
     started = time.perf_counter()
-    manifest, record, sent = build_content(ctx, row)
+    state, sent = build_content(ctx, row)
     seconds = time.perf_counter() - started
-    manifest_digest = hashlib.sha256(manifest.canonical_bytes()).digest()
+    manifest_digest, record = hashlib.sha256(state.manifest.canonical_bytes()).digest(), state.record
     _mark(ctx, version, DecisionState.STORED, manifest_digest, record.digest, sent)
     halt_point("stored")
     with phase("publish_tx"):
         ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
     halt_point("published")
     _mark(ctx, version, DecisionState.PUBLISHED, manifest_digest, record.digest, sent)
+    ctx.adopt(state)
     return Published(version, manifest_digest, record.digest, sent, seconds, False)
 
 

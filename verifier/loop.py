@@ -5,9 +5,10 @@ Design decisions:
   and the set of pending commits. Each pass handles pending commits oldest first, which is also
   nearest deadline first, and re-reads the chain head after each replay, since replays are the
   slow part and windows are counted in blocks.
-- Per commit: window still open? randomness sealed (seal it once the next block exists)?
-  selected for this verifier's key? already attested by this account on-chain (a crash right
-  after attesting)? Only then replay and attest. Every way out is recorded exactly once.
+- Per commit: window still open? drawn for this verifier's key, by the hash of the block after
+  the commit (`select.drawn`)? If so: randomness sealed (seal it now) and selected on-chain by the
+  sealed value? already attested by this account on-chain (a crash right after attesting)? Only
+  then replay and attest. Every way out is recorded exactly once.
 - The randomness block is waited for, not mined: on a live chain (and in the demo) other
   transactions make blocks. On a devnet (Anvil's chain id) with no traffic the loop mines it
   after `devnet_mine_after_s`, so a quiet local run does not stall.
@@ -108,6 +109,14 @@ class VerifierLoop:
         if not select.can_still_attest(head, job.commit_block, self.window):
             self.state.finish(job.commit_id, MISSED, reason="challenge window closed before a verdict")
             return
+        hashed = select.block_randomness(self.chain, job.commit_block, head) or self._devnet_randomness(job)
+        if hashed is None:
+            return  # the block after the commit does not exist yet
+        if not select.drawn(hashed, job.commit_id, self.who.key, self.spec.chain.check_probability_ppm):
+            self._waiting_since.pop(job.commit_id, None)
+            self.state.finish(job.commit_id, SKIPPED, reason=f"not selected (drawn on the hash of block "
+                                                             f"{job.commit_block + 1}, not sealed)")
+            return
         try:
             randomness = select.ensure_randomness(self.chain, job.commit_id, job.commit_block, head)
         except E.RandomnessExpired:
@@ -116,10 +125,10 @@ class VerifierLoop:
         if randomness is None:
             randomness = self._devnet_randomness(job)
         if randomness is None:
-            return  # the block after the commit does not exist yet
+            return  # a seal needs one more block
         self._waiting_since.pop(job.commit_id, None)
         if not select.is_selected(self.chain, job.commit_id, self.who.key):
-            self.state.finish(job.commit_id, SKIPPED, reason="not selected")
+            self.state.finish(job.commit_id, SKIPPED, reason="not selected by the sealed randomness")
             return
         earlier = self.chain.attestation_of(job.commit_id, self.who.address)
         if earlier.exists:

@@ -4,8 +4,14 @@ Design decisions:
 - Selection is the contract's public function `isCheckSelected(commit, verifier key)` over the
   sealed randomness blockhash(commit block + 1): the worker cannot know at commit time which of
   its commits will be checked, and anyone can audit that a verifier checked what it had to.
-- The randomness is sealed by whoever needs it first (`sealRandomness` is idempotent), once
-  block commit_block + 1 exists; this module never mines (the loop does so only on devnets).
+- The draw is computed here first, on the hash of block commit_block + 1 as the node reports it
+  (`drawn`, the contract's formula), and the randomness is sealed only by a verifier the draw
+  selects, the one that needs it on-chain (`sealRandomness` is idempotent); this module never
+  mines (the loop does so only on devnets). With the default 10% check probability, sealing every
+  commit had cost each verifier a transaction and three view calls per commit it then skipped
+  (a third of a demo verifier's CPU). After sealing, `isCheckSelected` on the sealed value has
+  the last word, so a reorganised block hash cannot make a verifier check what it need not.
+  An unselected commit stays unsealed: its draw is public all the same, from the block hash.
 - Only one shard's gradient is recomputed per check (the expensive part). It is drawn from
   H(randomness, commit id, verifier key), so it is deterministic and auditable, unknown to the
   worker at commit time, and different verifiers of one commit tend to cover different shards.
@@ -55,6 +61,24 @@ def ensure_randomness(chain, commit_id: int, commit_block: int, head: int) -> by
             raise
     randomness = chain.randomness_of(commit_id)
     return randomness if randomness != ZERO32 else None
+
+
+def drawn(randomness: bytes, commit_id: int, verifier_key: bytes, probability_ppm: int) -> bool:
+    """The contract's `isCheckSelected` draw on `randomness`: keccak256(abi.encode(randomness,
+    commitId, verifierKey)) mod 10^6 < checkProbabilityPpm."""
+    from eth_abi import encode
+    from eth_utils import keccak
+
+    digest = keccak(encode(["bytes32", "uint256", "bytes32"], [bytes(randomness), int(commit_id), bytes(verifier_key)]))
+    return int.from_bytes(digest, "big") % 1_000_000 < probability_ppm
+
+
+def block_randomness(chain, commit_block: int, head: int) -> bytes | None:
+    """The randomness a seal of the commit records: the hash of block commit_block + 1, read from
+    the node; None while that block does not exist."""
+    if head < commit_block + 1:
+        return None
+    return chain.block_hash(commit_block + 1)
 
 
 def is_selected(chain, commit_id: int, verifier_key: bytes) -> bool:

@@ -76,6 +76,11 @@ class KrillChain(ProtocolViews):
     def block_number(self) -> int:
         return with_retries(lambda: self.w3.eth.block_number, "eth_blockNumber", self._retry, endpoint_of(self.w3))
 
+    def block_hash(self, number: int) -> bytes:
+        """The hash of block `number` (which must exist: BlockNotFound from web3 otherwise)."""
+        return bytes(with_retries(lambda: self.w3.eth.get_block(number)["hash"], "eth_getBlockByNumber",
+                                  self._retry, endpoint_of(self.w3)))
+
     def _send(self, name: str, *args) -> Receipt:
         return self._tx.transact(getattr(self._contract.functions, name)(*args), name)
 

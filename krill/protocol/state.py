@@ -47,6 +47,11 @@ class VersionState:
     _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
 
+    def preload(self, shard: int, tensors: dict[str, torch.Tensor], optimizer_state: bytes | None) -> None:
+        """Set `shard`'s tensors and optimizer state from memory: the ones this version's manifest and
+        record name, as the process that folded and stored them holds them."""
+        self._tensors[shard], self._opt[shard] = tensors, optimizer_state
+
     def shard_tensors(self, shard: int) -> dict[str, torch.Tensor]:
         from krill.model.publish import fetch_shard
 

@@ -80,15 +80,18 @@ def fold_shard(spec: RunSpec, shard: int, names: list[str], parent_tensors: dict
                 values = torch.from_numpy(np.ascontiguousarray(sub.values[shard][n], dtype=np.float32))
                 if values.numel() != mask.numel():
                     raise ModelError(f"commit {sub.commit_id}: {n} has {values.numel()} values for a mask of {mask.numel()}")
-                pos = torch.searchsorted(unions[n], mask)
-                rows[r, col + pos] = values
+                target = rows[r, col:col + width]
+                if mask is unions[n]:  # computed at the only learner version: its mask is the union
+                    target.copy_(values)
+                else:
+                    target.index_copy_(0, torch.searchsorted(unions[n], mask), values)
                 col += width
         weights = torch.tensor([s.weight for s in subs], dtype=torch.float64)
         agg, stats = aggregate(rows, weights, spec.rule)
         grads: dict[str, torch.Tensor] = {}
         for n, part in zip(names, torch.split(agg.to(torch.float32), widths), strict=True):
             dense = torch.zeros(math.prod(tensors[n].shape), dtype=torch.float32)
-            dense[unions[n]] = part
+            dense.index_copy_(0, unions[n], part)
             grads[n] = dense.view(tensors[n].shape)
     with phase("optimizer"):
         optimizer = ShardAdamW(tensors, spec.optimizer)
@@ -168,3 +171,18 @@ def publish_version_content(store, spec: RunSpec, parent, results: list[ShardRes
                                accepted=accepted, rejected=rejected, shards=outcomes, closed_by=closed_by)
     publish_record(store, record)
     return manifest, manifest_cid, record
+
+
+def folded_state(store, spec: RunSpec, parent, results: list[ShardResult], manifest, manifest_cid: str, record):
+    """The version `publish_version_content` stored, as a VersionState holding the fold's tensors and
+    optimizer states in memory (what loading it back from the store would give, without the reads)."""
+    from krill.protocol.state import VersionState
+    from krill.store.cid import digest_to_cid
+
+    state = VersionState(spec, parent.version + 1, manifest, manifest_cid, record, digest_to_cid(record.digest), store)
+    for r in results:  # a shard without submissions keeps the parent's tensors (same CIDs) and state
+        if r.submissions > 0:
+            state.preload(r.shard, r.tensors, r.optimizer_state)
+        else:
+            state.preload(r.shard, parent.shard_tensors(r.shard), parent.optimizer_state(r.shard))
+    return state

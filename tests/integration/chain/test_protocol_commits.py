@@ -18,6 +18,7 @@ from krill.chain.events import (
 )
 from krill.chain.tx import Transactor
 from krill.chain.types import Role
+from krill.verifier.select import drawn
 
 
 def _commit(env, worker: int, label: str, version: int = 0, nonce: int = 0) -> int:
@@ -106,6 +107,12 @@ def test_randomness_is_the_next_block_hash_sealed_once(staked):
     assert env.at(5).seal_randomness_now(cid) == sealed
     draw = int.from_bytes(Web3.keccak(encode(["bytes32", "uint256", "bytes32"], [sealed, cid, key_of(5)])), "big")
     assert env.admin.is_check_selected(cid, key_of(5)) == (draw % 1_000_000 < env.params.check_probability_ppm)
+    # The verifier's own draw (computed before any seal, on the block hash) agrees with the contract.
+    assert env.admin.block_hash(block + 1) == sealed
+    keys = [key_of(i) for i in range(40)]
+    chosen = [env.admin.is_check_selected(cid, k) for k in keys]
+    assert 0 < sum(chosen) < len(keys)  # both outcomes occur at the 50% test probability
+    assert chosen == [drawn(sealed, cid, k, env.params.check_probability_ppm) for k in keys]
     with pytest.raises(E.CommitUnknown) as err:
         env.admin.seal_randomness(99)
     assert err.value.revert_args == (99,)

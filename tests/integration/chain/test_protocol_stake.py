@@ -166,3 +166,27 @@ def test_views_and_constants(env):
     assert env.admin.token_address() == env.deployment.token
     assert env.admin.minimum_stake(Role.WORKER) == MIN_WORKER
     assert env.admin.stake_of(env.addr(env.OUTSIDER)).role == 0
+
+
+def test_http_client_asks_the_chain_id_once_per_thread(env):
+    """web3's validation middleware wants the chain id around every call and estimate; over HTTP
+    it is asked once and cached, so a view call is one round trip (`connect_http`)."""
+    if env.backend != "anvil":
+        pytest.skip("request caching is a property of the HTTP provider")
+    provider, sent = env.w3.provider, []
+    original = provider._make_request
+
+    def counting(method, params):
+        sent.append(method)
+        return original(method, params)
+
+    provider._make_request = counting
+    try:
+        w = env.at(2)
+        for _ in range(3):
+            w.stake_of(env.addr(2))
+        w.stake(Role.WORKER, MIN_WORKER, key_of(2))
+    finally:
+        provider._make_request = original
+    assert sent.count("eth_call") >= 3 and "eth_estimateGas" in sent
+    assert sent.count("eth_chainId") <= 1, sent

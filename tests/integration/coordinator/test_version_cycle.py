@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import torch
 from sqlalchemy import select
 
 from krill.db.models import Contribution, ContributionStatus, Eval, Metric, RejectionCode
@@ -60,6 +61,17 @@ def test_create_run_then_one_version_with_forged_and_stale_contributions(coordin
     assert {e.weight for e in record.accepted} == {"0.25"}
     manifest = env.store.get(record.manifest_cid)
     assert hashlib.sha256(manifest).digest() == info.manifest_digest
+
+    # The coordinator keeps version 1 as it folded it; loaded back from chain and store it is the same.
+    from krill.protocol.state import load_chain_version
+
+    kept, loaded = ctx.state(1), load_chain_version(env.chain, env.store, env.spec, 1)
+    assert kept.manifest_cid == loaded.manifest_cid and kept.record_cid == loaded.record_cid
+    for shard in range(loaded.manifest.num_shards):
+        assert kept.optimizer_state(shard) == loaded.optimizer_state(shard)
+        a, b = kept.shard_tensors(shard), loaded.shard_tensors(shard)
+        assert list(a) == list(b) and all(a[n].dtype == b[n].dtype and torch.equal(a[n], b[n]) for n in a)
+    assert all(torch.equal(kept.masks()[n], m) for n, m in loaded.masks().items())
 
     # Settlement: the version's reward split evenly between the two equally weighted workers.
     reward = env.spec.chain.reward_per_version

@@ -12,7 +12,7 @@ from krill.chain.events import Committed
 from krill.verifier.attest import Who
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.select import unavailable_after
-from krill.verifier.state import ATTESTED, PENDING, VerifierState
+from krill.verifier.state import ATTESTED, PENDING, SKIPPED, VerifierState
 
 CHECKS = ["signature", "payload", "assignment", "rewards", "resample", "gradient"]
 
@@ -32,6 +32,32 @@ def test_honest_contributions_pass_every_check(run_env, tmp_path):
         assert resample.figures["token_mismatches"] == 0
     assert sum("PASS" in line for line in lines) == 3, lines
     assert loop.replayer.policies.loads == 1  # one model for version 0, reused for every replay
+
+
+def test_a_commit_the_draw_passes_over_is_skipped_without_sealing(run_env, tmp_path, monkeypatch):
+    """The draw is computed on the block hash before anything is sent: a commit it does not select
+    costs this verifier no transaction, and its randomness stays unsealed. (The run checks every
+    commit; the draw is taken here at 1 ppm, as a run with a rare check would have it.)"""
+    from krill.verifier import select
+
+    real, seen = select.drawn, []
+
+    def rare(randomness, commit_id, key, ppm):
+        seen.append((randomness, commit_id))
+        return real(randomness, commit_id, key, 1)
+
+    monkeypatch.setattr(select, "drawn", rare)
+    env, lines = run_env, []
+    start = env.head()
+    commit_id = env.produce(WORKER_A)[0]
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    drive(env, loop, [commit_id])
+    decision = loop.state.decision(commit_id)
+    assert decision.status == SKIPPED and "not sealed" in decision.reason, decision
+    block = env.at(VERIFIER).commit_of(commit_id).commit_block
+    assert seen == [(env.at(VERIFIER).block_hash(block + 1), commit_id)]
+    assert env.at(VERIFIER).randomness_of(commit_id) == b"\x00" * 32
+    assert not env.at(VERIFIER).attestation_of(commit_id, env.address(VERIFIER)).exists
 
 
 @pytest.mark.parametrize(("tamper", "failed", "field"), [

@@ -10,7 +10,7 @@ from krill.payload.contribution import ExpectedContext, validate_contribution
 from krill.protocol.policy import build_model, load_tokenizer
 from krill.protocol.record import AcceptedEntry
 from krill.protocol.state import load_version
-from krill.protocol.step import Submission, fold_version, publish_version_content
+from krill.protocol.step import Submission, fold_version, folded_state, publish_version_content
 from krill.protocol.work import (
     check_assignment,
     check_gradient,
@@ -110,6 +110,14 @@ def test_fold_publish_reload_is_deterministic_and_moves_weights(tiny_run):
     assert any(not torch.equal(masks0[n], masks1[n]) for n in masks0)  # momentum now steers the mask
     assert np.allclose(v1.shard_tensors(1)[manifest.shard_names(1)[0]].numpy(),
                        first[1].tensors[manifest.shard_names(1)[0]].numpy())
+    # The publisher keeps the version as it folded it (a coordinator's cache): the same as loading it back.
+    kept = folded_state(store, spec, base, first, manifest, manifest_cid, record)
+    assert (kept.version, kept.manifest_cid, kept.record_cid) == (1, v1.manifest_cid, v1.record_cid)
+    for shard in range(manifest.num_shards):
+        assert kept.optimizer_state(shard) == v1.optimizer_state(shard)
+        a, b = kept.shard_tensors(shard), v1.shard_tensors(shard)
+        assert list(a) == list(b) and all(a[n].dtype == b[n].dtype and torch.equal(a[n], b[n]) for n in a)
+    assert all(torch.equal(kept.masks()[n], m) for n, m in masks1.items())
 
 
 @pytest.mark.parametrize("attack", ["signature", "context"])
@@ -132,3 +140,38 @@ def test_forged_or_misdirected_headers_are_rejected(tiny_run, attack):
         with pytest.raises(ContextMismatchError):
             validate_contribution(header.encode(), files, spec.limits, ExpectedContext(run_id="00" * 32),
                                   _grad_lengths(base))
+
+
+def test_fold_places_each_learner_versions_values_on_its_own_mask(tiny_run):
+    """Two submissions computed at learner versions with different masks: each value lands on its
+    own coordinate of the union (a stale contribution has zeros where its mask did not reach).
+    The values' signs encode their coordinates (+ on even, - on odd), all rules keep the sign of
+    rows that agree, and AdamW's first step moves each coordinate against its gradient's sign:
+    a value placed on another coordinate shows as a wrong sign or a moved coordinate outside."""
+    from krill.protocol.step import fold_shard
+
+    _store, spec, base, _workers = tiny_run
+    spec = spec.model_copy(update={"optimizer": spec.optimizer.model_copy(update={"lr": 0.05, "weight_decay": 0.0})})
+    names = base.manifest.shard_names(0)
+    parent = base.shard_tensors(0)
+    rng = np.random.default_rng(1)
+    masks: dict[int, dict[str, torch.Tensor]] = {3: {}, 4: {}}
+    for n in names:
+        numel = parent[n].numel()
+        for v in masks:
+            masks[v][n] = torch.from_numpy(np.sort(rng.choice(numel, size=max(1, numel // 3), replace=False)))
+
+    def signed(mask):
+        return np.where(mask.numpy() % 2 == 0, 1.0, -1.0).astype(np.float32) * rng.uniform(0.5, 2.0, mask.numel())
+
+    subs = [Submission(commit_id=i + 1, weight=0.5, model_version=v, values={0: {n: signed(masks[v][n]) for n in names}})
+            for i, v in enumerate(masks)]
+    result = fold_shard(spec, 0, names, parent, None, subs, masks)
+    for n in names:
+        moved = (result.tensors[n].float() - parent[n].float()).reshape(-1)
+        union = torch.unique(torch.cat([masks[3][n], masks[4][n]]))
+        outside = torch.ones(moved.numel(), dtype=torch.bool)
+        outside[union] = False
+        assert torch.all(moved[outside] == 0), n
+        expected = torch.where(union % 2 == 0, -1.0, 1.0)
+        assert torch.equal(torch.sign(moved[union]), expected), n
