@@ -14,6 +14,7 @@ from krill.chain.artifacts import load_artifact
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy
 from krill.chain.tx import Receipt, Transactor
 from krill.chain.types import to_bytes32, to_uint
+from krill.chain.view_codec import view_codecs
 
 
 class TokenClient:
@@ -35,7 +36,7 @@ class TokenClient:
         return self._tx.transact(getattr(self._contract.functions, name)(*args), name)
 
     def _view(self, name: str, *args):
-        return self._tx.call(getattr(self._contract.functions, name)(*args), name)
+        return self._tx.call_view(self.address, view_codecs("KrillToken")[name], args, name)
 
     # writes
     def mint(self, to: str, amount: int) -> Receipt:

@@ -120,11 +120,12 @@ class Transactor:
     def _rpc(self, fn, what: str):
         return with_retries(fn, what, self.retry, self._endpoint)
 
-    def call(self, fn: Any, what: str) -> Any:
-        """Run a contract view/call; reverts become their ContractRevert subclass."""
+    def call(self, read, what: str) -> Any:
+        """Run `read(sender)`, an `eth_call` of some form (sender: {"from": account} or {}); reverts
+        become their ContractRevert subclass."""
         sender = {"from": self.account.address} if self.account is not None else {}
         try:
-            return self._rpc(lambda: fn.call(sender), what)
+            return self._rpc(lambda: read(sender), what)
         except ContractRevert:
             raise
         except Exception as exc:
@@ -132,6 +133,12 @@ class Transactor:
             if revert is None:
                 raise
             raise revert from exc
+
+    def call_view(self, to: str, codec, args: tuple, what: str) -> Any:
+        """A contract view through `krill.chain.view_codec` (what web3's contract call returns, a
+        third of its CPU)."""
+        data = codec.calldata(args)
+        return codec.result(self.call(lambda sender: self.w3.eth.call({"to": to, "data": data, **sender}), what))
 
     def _fees(self) -> dict[str, int]:
         block = self._rpc(lambda: self.w3.eth.get_block("latest"), "eth_getBlockByNumber")

@@ -112,17 +112,24 @@ class Indexer:
         """The newest block with `confirmations` blocks on top (-1 if none)."""
         return self.chain.block_number() - self.confirmations
 
-    def _logs(self, start: int, end: int) -> list[ChainEvent]:
+    def _logs(self, start: int, end: int) -> tuple[list[ChainEvent], dict[int, int]]:
+        """The run's events in blocks start..end, and the timestamps their logs carry (by block)."""
         w3 = self.chain.w3
         query = {"fromBlock": start, "toBlock": end, "address": [self.chain.address]}
         logs = with_retries(lambda: w3.eth.get_logs(query), "eth_getLogs", endpoint=endpoint_of(w3))
-        events = (decode_log(w3, lg) for lg in sorted(logs, key=lambda lg: (lg["blockNumber"], lg["logIndex"])))
-        return [e for e in events if e is not None]
+        logs = sorted(logs, key=lambda lg: (lg["blockNumber"], lg["logIndex"]))
+        stamped = {int(lg["blockNumber"]): _timestamp(lg["blockTimestamp"]) for lg in logs
+                   if lg.get("blockTimestamp") is not None}
+        events = (decode_log(w3, lg) for lg in logs)
+        return [e for e in events if e is not None], stamped
 
-    def _block_times(self, events: list[ChainEvent]) -> dict[int, int]:
+    def _block_times(self, events: list[ChainEvent], stamped: dict[int, int]) -> dict[int, int]:
+        """Each event block's timestamp: from its logs where the node puts it there (`blockTimestamp`,
+        Anvil and recent geth), else one block read per block."""
         w3 = self.chain.w3
-        return {n: int(with_retries(lambda n=n: w3.eth.get_block(n)["timestamp"], "eth_getBlockByNumber",
-                                    endpoint=endpoint_of(w3)))
+        return {n: stamped[n] if n in stamped else
+                int(with_retries(lambda n=n: w3.eth.get_block(n)["timestamp"], "eth_getBlockByNumber",
+                                 endpoint=endpoint_of(w3)))
                 for n in sorted({e.block_number for e in events})}
 
     # ------------------------------------------------------------------ cursor
@@ -164,8 +171,8 @@ class Indexer:
             if start > safe:
                 break
             end = min(safe, start + self.batch_blocks - 1)
-            events = self._logs(start, end)
-            times = self._block_times(events)
+            events, stamped = self._logs(start, end)
+            times = self._block_times(events, stamped)
             with self.db.write() as session:
                 meta = self._meta(session)
                 if meta.next_block != start:  # another indexer applied this range meanwhile
@@ -275,3 +282,7 @@ class Indexer:
                            headers={k.value: v for k, v in headers.items()},
                            manifests={k.value: v for k, v in manifests.items()})
 
+
+def _timestamp(value) -> int:
+    """A log's `blockTimestamp` as web3 hands it over: a 0x-hex quantity or an int."""
+    return int(value, 16) if isinstance(value, str) else int(value)

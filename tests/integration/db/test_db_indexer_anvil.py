@@ -127,3 +127,32 @@ def test_two_indexers_creating_the_cursor_row_at_once_both_proceed(db_url, anvil
         thread.join(timeout=30)
         assert errors == []
         assert seen == [sc.deployment.block_number]
+
+
+def test_block_times_come_from_the_logs_and_equal_the_blocks(anvil_played, tmp_path):
+    """Anvil puts each log's block timestamp in the log: the indexer reads no block for it, and the
+    rows equal those of an indexer that reads every event block (the path for nodes without it)."""
+    node, sc, store = anvil_played
+    w3 = connect_http(node.rpc_url)
+    sent: list[str] = []
+    original = w3.provider._make_request
+
+    def counting(method, params):
+        sent.append(method)
+        return original(method, params)
+
+    w3.provider._make_request = counting
+
+    class BlockReading(Indexer):
+        def _logs(self, start, end):
+            events, _stamped = super()._logs(start, end)
+            return events, {}
+
+    with open_database(f"sqlite:///{tmp_path / 'logs.db'}") as from_logs, \
+            open_database(f"sqlite:///{tmp_path / 'blocks.db'}") as from_blocks:
+        Indexer(KrillChain(w3, sc.deployment.protocol), from_logs, store, start_block=sc.deployment.block_number).sync()
+        assert "eth_getLogs" in sent and "eth_getBlockByNumber" not in sent
+        BlockReading(KrillChain(w3, sc.deployment.protocol), from_blocks, store,
+                     start_block=sc.deployment.block_number).sync()
+        assert "eth_getBlockByNumber" in sent
+        assert comparable(from_logs) == comparable(from_blocks)
