@@ -26,6 +26,7 @@ from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, connect_http, endpoint_o
 from krill.chain.token import TokenClient
 from krill.chain.tx import Receipt, Transactor
 from krill.chain.types import Role, RunParams, to_bytes32, to_uint
+from krill.chain.view_codec import function_codecs
 from krill.chain.views import ProtocolViews
 
 
@@ -82,7 +83,7 @@ class KrillChain(ProtocolViews):
                                   self._retry, endpoint_of(self.w3)))
 
     def _send(self, name: str, *args) -> Receipt:
-        return self._tx.transact(getattr(self._contract.functions, name)(*args), name)
+        return self._tx.transact(self.address, function_codecs("KrillProtocol")[name].calldata(args), name)
 
     # ---------------------------------------------------------------- administration
     def set_minimum_stake(self, role: Role | int, amount: int) -> Receipt:

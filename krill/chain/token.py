@@ -14,7 +14,7 @@ from krill.chain.artifacts import load_artifact
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy
 from krill.chain.tx import Receipt, Transactor
 from krill.chain.types import to_bytes32, to_uint
-from krill.chain.view_codec import view_codecs
+from krill.chain.view_codec import function_codecs, view_codecs
 
 
 class TokenClient:
@@ -33,7 +33,7 @@ class TokenClient:
         return TokenClient(self.w3, self.address, account, self._retry)
 
     def _send(self, name: str, *args) -> Receipt:
-        return self._tx.transact(getattr(self._contract.functions, name)(*args), name)
+        return self._tx.transact(self.address, function_codecs("KrillToken")[name].calldata(args), name)
 
     def _view(self, name: str, *args):
         return self._tx.call_view(self.address, view_codecs("KrillToken")[name], args, name)

@@ -151,9 +151,10 @@ class Transactor:
             priority = 10**9
         return {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority}
 
-    def transact(self, fn: Any, what: str) -> Receipt:
-        """Estimate, sign, send and wait for a contract function call; decode its events."""
-        return self._send(lambda params: fn.build_transaction(params), what)
+    def transact(self, to: str, data: str, what: str) -> Receipt:
+        """Estimate, sign, send and wait for a call of contract `to` with calldata `data` (see
+        `krill.chain.view_codec`); decode its events."""
+        return self._send(lambda params: {**params, "to": to, "data": data, "value": 0}, what)
 
     def deploy(self, contract_factory: Any, args: tuple, what: str) -> Receipt:
         """Deploy a contract (web3 contract factory with bytecode); `contract_address` is set."""

@@ -1,19 +1,20 @@
-"""Contract view calls encoded and decoded here with eth_abi, around one plain `eth_call`.
+"""Contract calls encoded (and views decoded) here with eth_abi, around one plain `eth_call` or transaction.
 
 Design decisions:
 - web3's `ContractFunction.call` re-derives the 4-byte selector of every function in the ABI to
   validate each call (about 50 keccaks for KrillProtocol) and walks its formatters over inputs and
   outputs: 2 of a view's 3 ms of CPU on Anvil, paid by every role for every read (the worker's
-  version watcher alone reads 4 times a second). Here each function's selector and types are
-  derived once per ABI, arguments are encoded by eth_abi, the call goes through `w3.eth.call`
-  (middleware, provider, our retries and revert decoding all unchanged) and the output is decoded
-  by eth_abi.
+  version watcher alone reads 4 times a second); `build_transaction` pays the same for every
+  transaction. Here each function's selector and types are derived once per ABI and arguments are
+  encoded by eth_abi; a view goes through `w3.eth.call` (middleware, provider, our retries and
+  revert decoding all unchanged) and its output is decoded by eth_abi; a transaction carries the
+  same calldata.
 - Results are what web3 returns: the same values, structs as tuples and arrays as lists, with
   addresses checksummed as web3's return normalizer does; a test compares the two paths view by
   view, for every view of both contracts.
 - Arguments are what eth_abi accepts: an address may be written in lower case (web3 insists on
   checksum capitals); mixed case with a wrong checksum is refused by both.
-- Only functions whose state mutability is `view` or `pure` are served; anything else is a bug.
+- Views are the functions whose state mutability is `view` or `pure` (`view_codecs`).
 """
 
 from __future__ import annotations
@@ -69,13 +70,14 @@ def _check_address(what: str, value) -> None:
 
 @dataclass(frozen=True)
 class ViewCodec:
-    """Selector, argument types and output decoding of one view function."""
+    """Selector, argument types and output decoding of one contract function."""
 
     name: str
     selector: bytes
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     normalizers: tuple
+    is_view: bool
 
     def calldata(self, args: tuple) -> str:
         if len(args) != len(self.inputs):
@@ -92,17 +94,25 @@ class ViewCodec:
 
 
 @cache
-def view_codecs(artifact: str) -> dict[str, ViewCodec]:
-    """The codecs of the view and pure functions of contract artifact `artifact`, by function name."""
+def function_codecs(artifact: str) -> dict[str, ViewCodec]:
+    """The codecs of every function of contract artifact `artifact`, by name (the ABI has no overloads)."""
     from krill.chain.artifacts import load_artifact
 
     out = {}
     for entry in load_artifact(artifact).abi:
-        if entry.get("type") != "function" or entry.get("stateMutability") not in ("view", "pure"):
+        if entry.get("type") != "function":
             continue
         inputs = tuple(_type_string(p) for p in entry["inputs"])
-        outputs = tuple(_type_string(p) for p in entry["outputs"])
+        outputs = tuple(_type_string(p) for p in entry.get("outputs", []))
         selector = function_signature_to_4byte_selector(f"{entry['name']}({','.join(inputs)})")
+        if entry["name"] in out:
+            raise ChainInputError(f"{artifact}: function {entry['name']} is overloaded; codecs are by name")
         out[entry["name"]] = ViewCodec(entry["name"], selector, inputs, outputs,
-                                       tuple(_normalizer(p) for p in entry["outputs"]))
+                                       tuple(_normalizer(p) for p in entry.get("outputs", [])),
+                                       entry.get("stateMutability") in ("view", "pure"))
     return out
+
+
+def view_codecs(artifact: str) -> dict[str, ViewCodec]:
+    """The codecs of the view and pure functions of `artifact`, by name."""
+    return {name: codec for name, codec in function_codecs(artifact).items() if codec.is_view}

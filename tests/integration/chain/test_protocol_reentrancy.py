@@ -20,6 +20,11 @@ from krill.chain.types import RunParams
 REENTRY_CLAIM, REENTRY_WITHDRAW = 1, 2
 
 
+def send(tx: Transactor, function, what: str):
+    """Send a web3 ContractFunction of a test contract through the Transactor."""
+    return tx.transact(function.address, function._encode_transaction_data(), what)
+
+
 @pytest.fixture
 def attack(env):
     admin = env.accounts[env.ADMIN]
@@ -31,7 +36,7 @@ def attack(env):
     token_c = env.w3.eth.contract(address=token, abi=list(load_artifact("ReentrantToken").abi))
     receiver_c = env.w3.eth.contract(address=receiver, abi=list(load_artifact("ReentrantReceiver").abi))
     chain = KrillChain(env.w3, protocol, admin)
-    tx.transact(token_c.functions.approve(protocol, 2**256 - 1), "approve")
+    send(tx, token_c.functions.approve(protocol, 2**256 - 1), "approve")
     params = RunParams(coordinator=admin.address, max_staleness=1, attestation_quorum=1, slash_fraction_bps=0,
                        verifier_bounty_bps=0, check_probability_ppm=0, challenge_window_blocks=2,
                        reward_per_version=1_000 * TOKEN)
@@ -45,14 +50,14 @@ def test_reentrant_claim_is_rejected(attack):
     receiver = receiver_c.address
     chain.publish_version(RUN_ID, 1, digest("m1"), digest("r1"))
     chain.settle(RUN_ID, 1, [receiver], [300 * TOKEN])
-    tx.transact(receiver_c.functions.arm(REENTRY_CLAIM, False), "arm")
+    send(tx, receiver_c.functions.arm(REENTRY_CLAIM, False), "arm")
     with pytest.raises(E.ReentrancyGuardReentrantCall):
-        tx.transact(receiver_c.functions.claim(), "attack claim")
+        send(tx, receiver_c.functions.claim(), "attack claim")
     assert chain.claimable_of(receiver) == 300 * TOKEN
 
     # Swallowing the failed re-entry: the outer claim pays exactly once.
-    tx.transact(receiver_c.functions.arm(REENTRY_CLAIM, True), "arm")
-    tx.transact(receiver_c.functions.claim(), "attack claim")
+    send(tx, receiver_c.functions.arm(REENTRY_CLAIM, True), "arm")
+    send(tx, receiver_c.functions.claim(), "attack claim")
     assert token_c.functions.balanceOf(receiver).call() == 300 * TOKEN
     assert chain.claimable_of(receiver) == 0 and chain.total_claimable() == 0
     blocked = bytes(receiver_c.functions.lastRevertData().call())
@@ -63,15 +68,15 @@ def test_reentrant_claim_is_rejected(attack):
 def test_reentrant_withdraw_is_rejected(attack):
     env, tx, chain, token_c, receiver_c = attack
     receiver = receiver_c.address
-    tx.transact(token_c.functions.transfer(receiver, 200 * TOKEN), "fund attacker")
-    tx.transact(receiver_c.functions.stakeAsWorker(200 * TOKEN, key_of(9)), "stake")
-    tx.transact(receiver_c.functions.requestUnstake(100 * TOKEN), "unstake")
+    send(tx, token_c.functions.transfer(receiver, 200 * TOKEN), "fund attacker")
+    send(tx, receiver_c.functions.stakeAsWorker(200 * TOKEN, key_of(9)), "stake")
+    send(tx, receiver_c.functions.requestUnstake(100 * TOKEN), "unstake")
     env.mine(6)
-    tx.transact(receiver_c.functions.arm(REENTRY_WITHDRAW, False), "arm")
+    send(tx, receiver_c.functions.arm(REENTRY_WITHDRAW, False), "arm")
     with pytest.raises(E.ReentrancyGuardReentrantCall):
-        tx.transact(receiver_c.functions.withdraw(), "attack withdraw")
-    tx.transact(receiver_c.functions.arm(REENTRY_WITHDRAW, True), "arm")
-    tx.transact(receiver_c.functions.withdraw(), "attack withdraw")
+        send(tx, receiver_c.functions.withdraw(), "attack withdraw")
+    send(tx, receiver_c.functions.arm(REENTRY_WITHDRAW, True), "arm")
+    send(tx, receiver_c.functions.withdraw(), "attack withdraw")
     assert token_c.functions.balanceOf(receiver).call() == 100 * TOKEN
     info = chain.stake_of(receiver)
     assert (info.staked, info.unbonding) == (100 * TOKEN, 0)
