@@ -114,6 +114,14 @@ class Contributor:
                 v = self.backoff.call(self.source.latest, "chain (latest version)")
         return v
 
+    def wait_newer(self, than: int, timeout_s: float) -> None:
+        """Return once a version newer than `than` is seen, or after `timeout_s` (the watcher's wake-up
+        where one runs, a plain sleep otherwise)."""
+        if self.watcher is not None:
+            self.watcher.wait_newer(than, timeout_s)
+        else:
+            time.sleep(timeout_s)
+
     # ------------------------------------------------------------------ produce
     def contribute(self) -> Outcome:
         """Make one contribution at the newest versions and submit it (in this thread)."""

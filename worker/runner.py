@@ -211,7 +211,7 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
                 if pipeline.in_flight:
                     report(pipeline.wait())
                 else:
-                    time.sleep(config.worker.poll_interval_s)
+                    s.contributor.wait_newer(latest, config.worker.poll_interval_s)
                 continue
             made = s.contributor.make(latest, started)
             if isinstance(made, Outcome):

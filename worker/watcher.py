@@ -13,6 +13,10 @@ Design decisions:
 - Freshness costs staleness: a contribution may start from, or learn at, a version up to
   `max_age_s` old, so now and then one version behind the newest; the coordinator's staleness
   weights already price that, as they price a worker's network latency.
+- A worker that has its share of the newest version waits for the next one (`wait_newer`). While
+  it waits, the thread reads every `HURRY_INTERVAL_S` (50 ms) instead of every `interval_s`, and
+  wakes the worker as soon as it sees a newer version: the idle worker's CPU pays for the faster
+  reads, and a new version is noticed about 0.1 s sooner on average than by the plain interval.
 - Daemon thread, stopped by `stop()`; `interval_s` = 0 in the configuration turns it off.
 """
 
@@ -22,6 +26,8 @@ import threading
 import time
 
 from krill.phases import phase, recording
+
+HURRY_INTERVAL_S = 0.05
 
 
 class VersionWatcher:
@@ -36,6 +42,9 @@ class VersionWatcher:
         self._seen: tuple[int, float] | None = None  # (newest version, monotonic time of the read)
         self._fetched: int | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # cuts the thread's sleep short (a waiter arrived, or stop)
+        self._news = threading.Condition()  # notified after every reading
+        self._waiting = 0  # workers in `wait_newer`
         self._thread: threading.Thread | None = None
         self.phases: dict[str, float] = {}  # the watcher's own time: `read_ahead` (reads and fetches)
         self.errors = 0
@@ -48,6 +57,7 @@ class VersionWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5 * self.interval_s + 1.0)
             self._thread = None
@@ -58,6 +68,25 @@ class VersionWatcher:
         if seen is None or time.monotonic() - seen[1] > self.max_age_s:
             return None
         return seen[0]
+
+    def wait_newer(self, than: int, timeout_s: float) -> int | None:
+        """Wait up to `timeout_s` for a fresh reading newer than `than` (reading every
+        `HURRY_INTERVAL_S` meanwhile); return it, or None."""
+        deadline = time.monotonic() + timeout_s
+        with self._news:
+            self._waiting += 1
+            self._wake.set()
+            try:
+                while True:
+                    latest = self.latest()
+                    if latest is not None and latest > than:
+                        return latest
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stop.is_set():
+                        return None
+                    self._news.wait(left)
+            finally:
+                self._waiting -= 1
 
     def poll(self) -> None:
         """One read of the newest version, and a fetch of its shards when it is new (the thread's step)."""
@@ -75,4 +104,8 @@ class VersionWatcher:
                 self.poll()
             except Exception:  # chain or store unreachable: the value goes stale and the worker reads itself
                 self.errors += 1
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            with self._news:
+                self._news.notify_all()
+            interval = HURRY_INTERVAL_S if self._waiting else self.interval_s
+            self._wake.wait(max(0.0, min(interval, self.interval_s) - (time.monotonic() - started)))
+            self._wake.clear()

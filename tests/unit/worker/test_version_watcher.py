@@ -63,3 +63,40 @@ def test_errors_leave_the_reading_to_go_stale_and_the_thread_retries():
     finally:
         watcher.stop()
     assert watcher._thread is None
+
+
+class SwitchableSource(ScriptedSource):
+    """`latest()` answers `value` (set by the test) and counts its reads."""
+
+    def __init__(self, value):
+        super().__init__([value])
+        self.reads = 0
+
+    def latest(self):
+        self.reads += 1
+        return self.answers[0]
+
+
+def test_a_waiting_worker_is_woken_by_the_next_version_read_at_the_hurried_interval():
+    from krill.worker.watcher import HURRY_INTERVAL_S
+
+    source = SwitchableSource(5)
+    watcher = VersionWatcher(source, interval_s=10.0).start()  # the plain interval alone would take 10 s
+    try:
+        assert _wait_for(lambda: watcher.latest() == 5)
+        threading.Timer(0.2, lambda: source.answers.__setitem__(0, 6)).start()
+        started = time.monotonic()
+        assert watcher.wait_newer(5, timeout_s=5.0) == 6
+        waited = time.monotonic() - started
+        assert 0.2 <= waited < 0.2 + 10 * HURRY_INTERVAL_S, waited
+        reads = source.reads
+        assert watcher.wait_newer(6, timeout_s=0.3) is None  # nothing newer: back after the timeout
+        assert source.reads - reads >= 3  # it read at the hurried pace meanwhile
+        time.sleep(0.3)
+        idle = source.reads
+        time.sleep(0.3)
+        assert source.reads == idle  # and back at the plain interval once nobody waits
+        stopping = time.monotonic()
+    finally:
+        watcher.stop()
+    assert time.monotonic() - stopping < 1.0  # stop() cut the 10 s sleep short
