@@ -58,7 +58,8 @@ def contribution_detail(session: Session, commit_id: int, store) -> dict[str, An
         raise NotFound(f"no commit {commit_id} in the index")
     commit, treatment = row
     out = commit_row(commit, treatment)
-    out.update(worker_key=commit.worker_key, randomness=commit.randomness, sealed_block=commit.sealed_block)
+    out.update(worker_key=commit.worker_key, randomness=commit.randomness, sealed_block=commit.sealed_block,
+               randomness_block=commit.block_number + 1)
     out["indexed_header"] = header_json(session.get(Header, commit_id))
     out["verdicts"] = [verdict_json(v) for v in session.scalars(
         select(Verdict).where(Verdict.commit_id == commit_id).order_by(Verdict.block_number, Verdict.verifier))]

@@ -10,7 +10,10 @@ Design decisions:
   version the worker holds. Each follows its own version and reloads weights only when that
   version changes, so asynchrony never mixes one policy's weights into the other.
 - The cache is shared with the version watcher's thread (`krill.worker.watcher`), which fetches
-  new versions ahead: one lock around a look-up or fetch, so a version is fetched once.
+  new versions ahead: one lock around a look-up or fetch, so a version is fetched once. A fetch
+  also derives the version's gradient masks (momentum top-k, ~25 ms on the demo model), which
+  the learner needs for every contribution at it: computed ahead, they left the critical path,
+  where they had been a tenth of a demo worker's CPU.
 - The tokenizer and task are fixed for the run (manifest tokenizer CID, spec task) and loaded once.
 """
 
@@ -47,6 +50,7 @@ class RunSource:
             if state is None:
                 state = load_chain_version(self.chain, self.store, self.spec, version)
                 state.all_tensors()  # fetch every shard now, while the caller handles outages
+                state.masks()
                 self._states[version] = state
                 while len(self._states) > self.keep:
                     self._states.popitem(last=False)

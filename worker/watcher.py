@@ -6,7 +6,7 @@ Design decisions:
   those reads were 12% of the worker's busy time, and fetching a new version's shards when the
   learner first needed them another 8%. The watcher reads `latestVersion` every `interval_s` in
   its own thread and, when the version is new, fetches and verifies its shards into the
-  `RunSource` cache, so the learner finds them there.
+  `RunSource` cache (which also derives the version's masks), so the learner finds them there.
 - A value is used only while it is fresh (`max_age_s`, twice the interval by default): a worker
   whose watcher stalls (chain unreachable, thread stopped) reads the chain itself, through its
   `Backoff`, which reports the outage; the watcher only counts its errors and retries.
