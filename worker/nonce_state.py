@@ -124,7 +124,8 @@ class WorkerState:
         self.directory = directory
         self._doc = doc
         self.existed = existed  # False: a fresh state (the caller may recover the nonce from the chain)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the document and files (held through fsyncs)
+        self._nonce_lock = threading.Lock()  # the in-memory nonce counter only: never waits on a save
         self._handed_out = doc.next_nonce  # next nonce in memory; the document holds the durable one
 
     @classmethod
@@ -167,8 +168,11 @@ class WorkerState:
         return self._doc.next_nonce
 
     def reserve_nonce(self) -> int:
-        """The next nonce; persisted with the contribution saved under it (see the module docstring)."""
-        with self._lock:
+        """The next nonce; persisted with the contribution saved under it (see the module docstring).
+
+        Takes only the counter's lock: the main loop reserves its next nonce while the background
+        submission saves the previous contribution under the document lock (an fsync)."""
+        with self._nonce_lock:
             nonce = self.next_nonce
             self._handed_out = nonce + 1
             return nonce
@@ -178,7 +182,7 @@ class WorkerState:
 
     def advance_to(self, nonce: int) -> None:
         """Never hand out a nonce below `nonce` (after learning of commits from the chain)."""
-        with self._lock:
+        with self._lock, self._nonce_lock:
             if nonce > self._doc.next_nonce:
                 self._doc.next_nonce = nonce
                 self._save()

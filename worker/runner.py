@@ -186,6 +186,8 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     finally:
         if s.contributor.watcher is not None:
             s.contributor.watcher.stop()
+        if not pipeline.in_flight:  # one still in flight (an exception stopped the loop) stays a daemon
+            pipeline.close()
     return outcomes
 
 

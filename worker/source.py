@@ -10,7 +10,9 @@ Design decisions:
   version the worker holds. Each follows its own version and reloads weights only when that
   version changes, so asynchrony never mixes one policy's weights into the other.
 - The cache is shared with the version watcher's thread (`krill.worker.watcher`), which fetches
-  new versions ahead: one lock around a look-up or fetch, so a version is fetched once. A fetch
+  new versions ahead. A version is fetched once: a second caller waits for the fetch in flight,
+  while look-ups of other versions go on (a worker sampling at a cached version never waits for
+  the watcher's fetch of the next one, which a single lock around fetches made it do). A fetch
   also derives the version's gradient masks (momentum top-k, ~25 ms on the demo model), which
   the learner needs for every contribution at it: computed ahead, they left the critical path,
   where they had been a tenth of a demo worker's CPU.
@@ -35,7 +37,8 @@ class RunSource:
         self.spec = spec
         self.keep = max(2, int(keep))
         self._states: OrderedDict[int, VersionState] = OrderedDict()
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._fetching: dict[int, threading.Event] = {}  # versions being fetched, set when done
         self._tokenizer = None
         self._task = None
 
@@ -45,18 +48,32 @@ class RunSource:
     def version(self, version: int) -> VersionState:
         from krill.protocol.state import load_chain_version
 
-        with self._lock:  # the version watcher fetches ahead from its own thread
-            state = self._states.get(version)
-            if state is None:
+        while True:
+            with self._lock:  # guards the cache only: a fetch runs outside it
+                state = self._states.get(version)
+                if state is not None:
+                    self._states.move_to_end(version)
+                    return state
+                fetching = self._fetching.get(version)
+                mine = fetching is None
+                if mine:
+                    fetching = self._fetching[version] = threading.Event()
+            if not mine:  # another thread is fetching this version: wait for it, then look again
+                fetching.wait()
+                continue
+            try:
                 state = load_chain_version(self.chain, self.store, self.spec, version)
                 state.all_tensors()  # fetch every shard now, while the caller handles outages
                 state.masks()
-                self._states[version] = state
-                while len(self._states) > self.keep:
-                    self._states.popitem(last=False)
-            else:
-                self._states.move_to_end(version)
-            return state
+                with self._lock:
+                    self._states[version] = state
+                    while len(self._states) > self.keep:
+                        self._states.popitem(last=False)
+                return state
+            finally:  # on failure the waiters retry the fetch themselves (and meet the outage)
+                with self._lock:
+                    del self._fetching[version]
+                fetching.set()
 
     @property
     def tokenizer(self):

@@ -89,13 +89,25 @@ class VersionWatcher:
                 self._waiting -= 1
 
     def poll(self) -> None:
-        """One read of the newest version, and a fetch of its shards when it is new (the thread's step)."""
+        """One read of the newest version, and a fetch of its shards when it is new (the thread's step).
+
+        A new version is reported only once its shards are here: until then `latest()` keeps the
+        previous one (fresh: it is still the newest at hand), so the worker goes on working instead of
+        waiting for the fetch. A failed fetch reports the new version anyway, and the worker's own
+        fetch meets the outage through its `Backoff`, which reports it."""
         with recording(self.phases), phase("read_ahead"):
             version = int(self.source.latest())
-            self._seen = (version, time.monotonic())
+            read_at = time.monotonic()
             if version != self._fetched:
-                self.source.version(version)
+                if self._fetched is not None:
+                    self._seen = (self._fetched, read_at)
+                try:
+                    self.source.version(version)
+                except Exception:
+                    self._seen = (version, read_at)
+                    raise
                 self._fetched = version
+            self._seen = (version, read_at)
 
     def _run(self) -> None:
         while not self._stop.is_set():

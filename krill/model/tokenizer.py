@@ -66,3 +66,13 @@ def decode_completion(tokenizer, ids: Sequence[int]) -> str:
     if eos in ids:
         ids = ids[: ids.index(eos)]
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def decode_completions(tokenizer, completions: Sequence[Sequence[int]]) -> list[str]:
+    """`decode_completion` of each of `completions`, decoded in one batched call."""
+    eos = tokenizer.eos_token_id
+    cut = []
+    for ids in completions:
+        ids = [int(i) for i in ids]
+        cut.append(ids[: ids.index(eos)] if eos in ids else ids)
+    return tokenizer.batch_decode(cut, skip_special_tokens=True) if cut else []

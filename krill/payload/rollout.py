@@ -64,6 +64,25 @@ class RolloutBatch:
         return cls(np.asarray(tokens, np.int32), np.asarray(offsets, np.int64), np.asarray(prompt_lengths, np.int32),
                    np.asarray(logprobs, np.float32), np.asarray(rewards, np.float32), np.asarray(group_ids, np.int32))
 
+    @classmethod
+    def from_flat(cls, tokens: np.ndarray, offsets: np.ndarray, prompt_lengths: np.ndarray, logprobs: np.ndarray,
+                  rewards: np.ndarray, group_ids: np.ndarray) -> RolloutBatch:
+        """Build from arrays already in the flat layout (copies in the wire dtypes; prompt log-probs set to 0)."""
+        offsets = np.asarray(offsets, np.int64)
+        prompt_lengths = np.asarray(prompt_lengths, np.int32)
+        if len(offsets) != len(prompt_lengths) + 1 or len(tokens) != len(logprobs) or (
+                len(offsets) and offsets[-1] != len(tokens)):
+            raise ShapeError(f"{len(tokens)} tokens, {len(logprobs)} log-probs, {len(offsets)} offsets for "
+                             f"{len(prompt_lengths)} sequences", field=f"{FIELD}.offsets")
+        logprobs = np.array(logprobs, np.float32)  # a copy: prompt positions are zeroed below
+        lengths = np.diff(offsets)
+        if (lengths < prompt_lengths).any():
+            raise ShapeError("a prompt is longer than its sequence", field=f"{FIELD}.prompt_lengths")
+        position = np.arange(len(tokens), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+        logprobs[position < np.repeat(prompt_lengths, lengths)] = 0.0
+        return cls(np.asarray(tokens, np.int32), offsets.copy(), prompt_lengths.copy(), logprobs,
+                   np.array(rewards, np.float32), np.array(group_ids, np.int32))
+
     @property
     def n_sequences(self) -> int:
         return len(self.rewards)

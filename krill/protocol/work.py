@@ -67,21 +67,26 @@ class Sampled:
     seconds: float = 0.0
 
 
+def assigned_problems(spec: RunSpec, task, worker: str, behaviour_version: int, nonce: int):
+    """(indices, (prompt text, metadata) of each assigned prompt)."""
+    indices = assign_prompts(spec.run_seed, worker, behaviour_version, nonce, spec.rollout.prompts_per_contribution)
+    return indices, task.prompts(indices, "train")
+
+
 def assigned_prompts(spec: RunSpec, task, tokenizer, worker: str, behaviour_version: int, nonce: int):
     """(indices, token ids of each sequence's prompt, metadata of each prompt)."""
-    indices = assign_prompts(spec.run_seed, worker, behaviour_version, nonce, spec.rollout.prompts_per_contribution)
-    problems = task.prompts(indices, "train")
-    ids = [tokenizer(text)["input_ids"] for text, _ in problems]
+    indices, problems = assigned_problems(spec, task, worker, behaviour_version, nonce)
+    ids = tokenizer([text for text, _ in problems])["input_ids"] if problems else []  # one batched call
     g = spec.rollout.group_size
-    return indices, [p for p in ids for _ in range(g)], [meta for _, meta in problems]
+    return indices, [list(p) for p in ids for _ in range(g)], [meta for _, meta in problems]
 
 
 def compute_rewards(spec: RunSpec, task, tokenizer, rollouts: Rollouts, metas: list[dict]) -> torch.Tensor:
-    from krill.model.tokenizer import decode_completion
+    from krill.model.tokenizer import decode_completions
 
     g = spec.rollout.group_size
-    return torch.tensor([task.reward(metas[i // g], decode_completion(tokenizer, rollouts.completion(i)))
-                         for i in range(len(rollouts))], dtype=torch.float32)
+    texts = decode_completions(tokenizer, rollouts.completions())
+    return torch.tensor([task.reward(metas[i // g], text) for i, text in enumerate(texts)], dtype=torch.float32)
 
 
 def sample(spec: RunSpec, task, tokenizer, engine, worker: str, nonce: int) -> Sampled:
@@ -128,9 +133,9 @@ def learn(spec: RunSpec, learner: torch.nn.Module, learner_state: VersionState, 
 
 
 def rollout_payload(spec: RunSpec, rollouts: Rollouts, rewards: torch.Tensor) -> RolloutBatch:
-    sequences = [(rollouts.sequence(i)[:int(rollouts.prompt_lengths[i])], rollouts.completion(i),
-                  rollouts.completion_logprobs(i).tolist()) for i in range(len(rollouts))]
-    return RolloutBatch.from_sequences(sequences, rewards.tolist(), group_ids(spec, len(rollouts)).tolist())
+    """The wire form of `rollouts` (the same flat layout: a copy with the wire dtypes, no per-sequence work)."""
+    return RolloutBatch.from_flat(rollouts.tokens.numpy(), rollouts.offsets.numpy(), rollouts.prompt_lengths.numpy(),
+                                  rollouts.logprobs.numpy(), rewards.numpy(), group_ids(spec, len(rollouts)).numpy())
 
 
 def rollouts_from_payload(batch: RolloutBatch, eos_id: int | None = None) -> Rollouts:
@@ -207,7 +212,8 @@ def check_assignment(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: 
     if batch.n_sequences != len(prompts):
         problems.append(f"{batch.n_sequences} sequences, the assignment has {len(prompts)}")
     else:
-        wrong = [i for i in range(batch.n_sequences) if batch.sequence(i)[0].tolist() != prompts[i]]
+        tokens, offsets, lengths = batch.token_ids.tolist(), batch.offsets.tolist(), batch.prompt_lengths.tolist()
+        wrong = [i for i, p in enumerate(prompts) if tokens[offsets[i]:offsets[i] + lengths[i]] != p]
         if wrong:
             problems.append(f"{len(wrong)} sequences do not start with their assigned prompt (first: {wrong[0]})")
         if batch.group_ids.tolist() != group_ids(spec, len(prompts)).tolist():
@@ -219,7 +225,8 @@ def check_assignment(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: 
 
 
 def check_rewards(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: RolloutBatch) -> CheckOutcome:
-    _, _, metas = assigned_prompts(spec, task, tokenizer, header.worker, header.behaviour_version, header.nonce)
+    _, problems = assigned_problems(spec, task, header.worker, header.behaviour_version, header.nonce)
+    metas = [meta for _, meta in problems]
     rollouts = rollouts_from_payload(batch)
     recomputed = compute_rewards(spec, task, tokenizer, rollouts, metas).numpy()
     wrong = int(np.sum(recomputed != batch.rewards))
@@ -246,7 +253,8 @@ def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Ro
     _, prompts, _ = assigned_prompts(spec, task, tokenizer, header.worker, header.behaviour_version, header.nonce)
     again = engine.generate(prompts, sampling_params(spec, task), header.sampling.seed)
     claimed = rollouts_from_payload(batch)
-    token_mismatch = sum(claimed.sequence(i) != again.sequence(i) for i in range(len(again)))
+    mine, theirs = claimed.sequences(), again.sequences()
+    token_mismatch = sum(a != b for a, b in zip(mine, theirs, strict=False)) + abs(len(mine) - len(theirs))
     figures = {"sequences": len(again), "token_mismatches": int(token_mismatch)}
     if token_mismatch == 0:
         diff = float((claimed.logprobs - again.logprobs).abs().max()) if claimed.logprobs.numel() else 0.0

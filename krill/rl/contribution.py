@@ -38,7 +38,7 @@ def sampling_seed(run_seed: bytes, worker: str, version: int, nonce: int) -> int
 def contribution_prompts(task, tokenizer, prompt_indices: list[int], group_size: int) -> tuple[list, list[list[int]]]:
     """The (prompt text, metadata) of each assigned prompt and the token ids of every sample's prompt."""
     problems = [task.prompt(i, "train") for i in prompt_indices]
-    prompt_ids = [tokenizer(text)["input_ids"] for text, _ in problems]
+    prompt_ids = tokenizer([text for text, _ in problems])["input_ids"] if problems else []
     return problems, [ids for ids in prompt_ids for _ in range(group_size)]
 
 
@@ -59,11 +59,11 @@ class Contribution:
 
 def _rewards(task, tokenizer, problems, rollouts: Rollouts, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sample's reward on its decoded completion, and the group-relative advantages."""
-    from krill.model.tokenizer import decode_completion
+    from krill.model.tokenizer import decode_completions
 
-    rewards = torch.tensor([task.reward(problems[i // group_size][1],
-                                        decode_completion(tokenizer, rollouts.completion(i)))
-                            for i in range(len(rollouts))], dtype=torch.float32)
+    texts = decode_completions(tokenizer, rollouts.completions())
+    rewards = torch.tensor([task.reward(problems[i // group_size][1], text) for i, text in enumerate(texts)],
+                           dtype=torch.float32)
     return rewards, group_advantages(rewards, contiguous_groups(len(rewards), group_size))
 
 

@@ -68,6 +68,16 @@ class Rollouts:
         start = int(self.offsets[i] + self.prompt_lengths[i])
         return self.tokens[start:self.offsets[i + 1]].tolist()
 
+    def sequences(self) -> list[list[int]]:
+        """Every sequence's token ids (one conversion for the batch, not one per sequence)."""
+        tokens, offsets = self.tokens.tolist(), self.offsets.tolist()
+        return [tokens[a:b] for a, b in zip(offsets, offsets[1:], strict=False)]
+
+    def completions(self) -> list[list[int]]:
+        """Every sequence's completion token ids (one conversion for the batch)."""
+        tokens, offsets, lengths = self.tokens.tolist(), self.offsets.tolist(), self.prompt_lengths.tolist()
+        return [tokens[offsets[i] + lengths[i]:offsets[i + 1]] for i in range(len(lengths))]
+
     def completion_logprobs(self, i: int) -> torch.Tensor:
         start = int(self.offsets[i] + self.prompt_lengths[i])
         return self.logprobs[start:self.offsets[i + 1]]

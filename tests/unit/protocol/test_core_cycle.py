@@ -175,3 +175,31 @@ def test_fold_places_each_learner_versions_values_on_its_own_mask(tiny_run):
         assert torch.all(moved[outside] == 0), n
         expected = torch.where(union % 2 == 0, -1.0, 1.0)
         assert torch.equal(torch.sign(moved[union]), expected), n
+
+
+def test_batched_payload_prompts_and_decoding_equal_the_per_sequence_forms(tiny_run):
+    """The batched conversions on every contribution's path give exactly what the per-sequence code gave."""
+    from krill.model.tokenizer import decode_completion, decode_completions
+    from krill.payload.rollout import RolloutBatch
+    from krill.protocol.work import assigned_prompts, group_ids, rollout_payload
+
+    _, spec, base, workers = tiny_run
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=base.version)
+    sampled = sample(spec, task, tok, engine, workers[1].worker, 5)
+    r = sampled.rollouts
+    assert r.completions() == [r.completion(i) for i in range(len(r))]
+    assert r.sequences() == [r.sequence(i) for i in range(len(r))]
+    texts = decode_completions(tok, r.completions() + [[tok.eos_token_id, 5], []])
+    assert texts == [decode_completion(tok, c) for c in r.completions()] + ["", ""]
+    # Nonzero log-probs on prompt positions must not reach the wire (the layout says they are 0).
+    noisy = type(r)(r.tokens, r.offsets, r.prompt_lengths, r.logprobs + 0.5, r.finished)
+    per_sequence = RolloutBatch.from_sequences(
+        [(r.sequence(i)[:int(r.prompt_lengths[i])], r.completion(i), noisy.completion_logprobs(i).tolist())
+         for i in range(len(r))], sampled.rewards.tolist(), group_ids(spec, len(r)).tolist())
+    flat = rollout_payload(spec, noisy, sampled.rewards)
+    assert flat == per_sequence and all(getattr(flat, n).dtype == getattr(per_sequence, n).dtype
+                                        for n in ("token_ids", "offsets", "prompt_lengths", "logprobs", "rewards"))
+    _, prompts, metas = assigned_prompts(spec, task, tok, workers[1].worker, 0, 5)
+    assert prompts == [r.sequence(i)[:int(r.prompt_lengths[i])] for i in range(len(r))]
+    assert prompts[0] == tok(task.prompts(sampled.prompt_indices, "train")[0][0])["input_ids"]

@@ -100,3 +100,91 @@ def test_a_waiting_worker_is_woken_by_the_next_version_read_at_the_hurried_inter
     finally:
         watcher.stop()
     assert time.monotonic() - stopping < 1.0  # stop() cut the 10 s sleep short
+
+
+class SlowFetchSource(ScriptedSource):
+    """`version()` blocks until the test releases it, so the test can look at the watcher mid-fetch."""
+
+    def __init__(self, answers, fail_on=None):
+        super().__init__(answers)
+        self.release = threading.Event()
+        self.fail_on = fail_on
+
+    def version(self, v):
+        if self.fetched:  # the first version is fetched at once
+            self.release.wait(5.0)
+        self.fetched.append(v)
+        if v == self.fail_on:
+            raise ConnectionError("store down")
+
+
+def test_a_new_version_is_reported_only_once_its_shards_are_fetched():
+    source = SlowFetchSource([3, 4])
+    watcher = VersionWatcher(source, interval_s=0.01, max_age_s=5.0).start()
+    try:
+        assert _wait_for(lambda: source.fetched == [3])
+        time.sleep(0.1)  # version 4 is read and being fetched
+        assert watcher.latest() == 3  # the worker keeps working at the version it holds, and the reading is fresh
+        source.release.set()
+        assert _wait_for(lambda: watcher.latest() == 4)
+    finally:
+        watcher.stop()
+
+
+def test_a_failed_fetch_reports_the_new_version_so_the_worker_meets_the_outage():
+    source = SlowFetchSource([3, 4], fail_on=4)
+    source.release.set()
+    watcher = VersionWatcher(source, interval_s=0.01)
+    watcher.poll()
+    try:
+        watcher.poll()
+    except ConnectionError:
+        pass
+    assert watcher.latest() == 4
+
+
+def test_run_source_serves_cached_versions_while_another_is_fetched(monkeypatch):
+    """A look-up of a held version does not wait for a fetch in flight; a second caller of the version being
+    fetched waits for that fetch instead of fetching it again; a failed fetch is retried by the next caller."""
+    import krill.protocol.state as state_module
+    from worker.source import RunSource
+
+    gate, calls = threading.Event(), []
+
+    class Loaded:
+        def __init__(self, v):
+            self.v = v
+
+        def all_tensors(self):
+            return {}
+
+        def masks(self):
+            return {}
+
+    def load(chain, store, spec, v):
+        calls.append(v)
+        if v == 2 and calls.count(2) == 1:
+            raise ConnectionError("store down")
+        if v == 1:
+            gate.wait(5.0)
+        return Loaded(v)
+
+    monkeypatch.setattr(state_module, "load_chain_version", load)
+    source = RunSource(chain=None, store=None, spec=None)
+    assert source.version(0).v == 0
+    results = []
+    fetchers = [threading.Thread(target=lambda: results.append(source.version(1).v)) for _ in range(2)]
+    for t in fetchers:
+        t.start()
+    assert _wait_for(lambda: calls == [0, 1])
+    started = time.monotonic()
+    assert source.version(0).v == 0 and time.monotonic() - started < 0.5  # not behind the fetch of 1
+    gate.set()
+    for t in fetchers:
+        t.join(5.0)
+    assert results == [1, 1] and calls == [0, 1]  # fetched once for both callers
+    try:
+        source.version(2)
+    except ConnectionError:
+        pass
+    assert source.version(2).v == 2 and calls == [0, 1, 2, 2]
