@@ -159,14 +159,20 @@ class Coordinator:
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Repeat `step` until `stop` is set or `max_versions` is done; back off on channel faults."""
+        from krill.runtime import freeze_heap
+
         stop = stop or threading.Event()
         delay = self.options.poll_interval_s
+        frozen = False  # the heap is frozen after the first publish (models, clients and caches loaded)
         while not stop.is_set():
             try:
                 with recording(self.phases):
                     published = self.step()
                 if self.done():
                     return
+                if published and not frozen:
+                    freeze_heap()
+                    frozen = True
                 delay = self.options.poll_interval_s
                 if published:
                     continue  # contributions for the next version came in while this one was published

@@ -91,3 +91,26 @@ def set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+_HEAP_FROZEN = False
+
+
+def freeze_heap() -> None:
+    """Collect once, then exempt every object alive now (modules, model, tokenizer) from future collections.
+
+    A role with torch, transformers and web3 loaded holds about 430,000 objects; a full collection
+    scanned them all (about 170 ms on the demo machine) and landed in whichever phase was running.
+    Frozen, they are never scanned again; objects made later are collected as usual. Call once the
+    role has started up (its model and clients loaded). In 1.5-minute demo runs the worker's protocol
+    overhead was the same with and without it (7.0% and 6.9%): full collections are rare there; the
+    freeze bounds their cost where they are not. Once per process: a process that runs roles in turn
+    (the tests) would otherwise keep freezing whatever earlier ones left behind."""
+    import gc
+
+    global _HEAP_FROZEN
+    if _HEAP_FROZEN:
+        return
+    _HEAP_FROZEN = True
+    gc.collect()
+    gc.freeze()

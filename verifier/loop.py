@@ -188,11 +188,17 @@ class VerifierLoop:
 
     def run(self, max_attestations: int | None = None, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Step until stopped (or `max_attestations` were sent), backing off while chain or store are down."""
+        from krill.runtime import freeze_heap
+
         delay = self.settings.poll_interval_s
+        frozen = False  # the heap is frozen after the first attestation (models and clients loaded)
         while not should_stop():
             try:
                 self.step()
                 delay = self.settings.poll_interval_s
+                if self.attested and not frozen:
+                    freeze_heap()
+                    frozen = True
             except UNREACHABLE as exc:
                 self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {delay:.2f}s")
                 time.sleep(delay)

@@ -194,7 +194,10 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipeline, report, per_version: dict,
                      committed: Callable[[], int], limit: int | None, check_stake: Callable[[], None]) -> None:
     """Make contributions and hand them to `pipeline` until `limit` commits landed (None: forever)."""
+    from krill.runtime import freeze_heap
+
     cap = config.worker.max_per_version
+    frozen = False  # the heap is frozen after the first contribution, once the models are loaded
     checked_at: int | None = None  # the newest version seen when a submission last took the stake check
     while True:
         if pipeline.done():
@@ -222,5 +225,8 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
             with phase("wait_submit"):
                 previous = pipeline.wait()
         report(previous)
+        if not frozen:
+            freeze_heap()
+            frozen = True
         pipeline.start(made, phases, before=check_stake if latest != checked_at else None)
         checked_at = latest

@@ -76,7 +76,9 @@ def assigned_problems(spec: RunSpec, task, worker: str, behaviour_version: int, 
 def assigned_prompts(spec: RunSpec, task, tokenizer, worker: str, behaviour_version: int, nonce: int):
     """(indices, token ids of each sequence's prompt, metadata of each prompt)."""
     indices, problems = assigned_problems(spec, task, worker, behaviour_version, nonce)
-    ids = tokenizer([text for text, _ in problems])["input_ids"] if problems else []  # one batched call
+    # One call per prompt, not one batched call: a batched call hands the GIL back and forth around
+    # the tokenizer's thread pool, and a worker whose submit thread is busy waited 5 ms per hand-off.
+    ids = [tokenizer(text)["input_ids"] for text, _ in problems]
     g = spec.rollout.group_size
     return indices, [list(p) for p in ids for _ in range(g)], [meta for _, meta in problems]
 

@@ -38,7 +38,7 @@ def sampling_seed(run_seed: bytes, worker: str, version: int, nonce: int) -> int
 def contribution_prompts(task, tokenizer, prompt_indices: list[int], group_size: int) -> tuple[list, list[list[int]]]:
     """The (prompt text, metadata) of each assigned prompt and the token ids of every sample's prompt."""
     problems = [task.prompt(i, "train") for i in prompt_indices]
-    prompt_ids = tokenizer([text for text, _ in problems])["input_ids"] if problems else []
+    prompt_ids = [tokenizer(text)["input_ids"] for text, _ in problems]
     return problems, [ids for ids in prompt_ids for _ in range(group_size)]
 
 
