@@ -7,10 +7,22 @@ Anvil node is started on a free port and stopped by PID by `AnvilProcess`.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import pytest
+from chain_constants import (  # noqa: F401 - re-exported for the fixtures below
+    ACCOUNTS,
+    BASE_MANIFEST,
+    CHALLENGE_WINDOW,
+    FUNDED,
+    MIN_VERIFIER,
+    MIN_WORKER,
+    POOL,
+    RUN_ID,
+    UNBONDING,
+    digest,
+    key_of,
+)
 
 from krill.chain.anvil import AnvilProcess
 from krill.chain.client import KrillChain
@@ -18,26 +30,6 @@ from krill.chain.deploy import TOKEN, Deployment, deploy
 from krill.chain.rpc import connect_http, connect_in_process, dev_accounts, mine, revert, snapshot
 from krill.chain.token import TokenClient
 from krill.chain.types import Role, RunParams
-
-MIN_WORKER = 100 * TOKEN
-MIN_VERIFIER = 50 * TOKEN
-UNBONDING = 20
-CHALLENGE_WINDOW = 10
-ACCOUNTS = 10
-FUNDED = 10_000 * TOKEN
-POOL = 5_000 * TOKEN
-RUN_ID = hashlib.sha256(b"krill-test-run").digest()
-BASE_MANIFEST = hashlib.sha256(b"base manifest").digest()
-
-
-def digest(label: str) -> bytes:
-    """A deterministic 32-byte digest for test payloads."""
-    return hashlib.sha256(label.encode()).digest()
-
-
-def key_of(index: int) -> bytes:
-    """A stand-in Ed25519 public key for participant `index` (32 non-zero bytes)."""
-    return hashlib.sha256(f"ed25519-{index}".encode()).digest()
 
 
 @dataclass

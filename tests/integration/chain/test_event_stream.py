@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import RUN_ID, digest
+from chain_constants import RUN_ID, digest
 
 from krill.chain.events import Committed, RunCreated, Staked, Transfer, VersionPublished
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import CHALLENGE_WINDOW, MIN_VERIFIER, MIN_WORKER, RUN_ID, digest, key_of
+from chain_constants import CHALLENGE_WINDOW, MIN_VERIFIER, MIN_WORKER, RUN_ID, digest, key_of
 from eth_abi import encode
 from eth_account import Account
 from web3 import Web3

@@ -12,7 +12,7 @@ rejects with one of its custom errors are part of the game; a panic or an unknow
 from __future__ import annotations
 
 import pytest
-from conftest import RUN_ID, TOKEN, digest, key_of
+from chain_constants import RUN_ID, TOKEN, digest, key_of
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ first call is still paying it.
 from __future__ import annotations
 
 import pytest
-from conftest import RUN_ID, digest, key_of
+from chain_constants import RUN_ID, digest, key_of
 
 from krill.chain import errors as E
 from krill.chain.artifacts import load_artifact

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import BASE_MANIFEST, MIN_WORKER, POOL, RUN_ID, TOKEN, digest
+from chain_constants import BASE_MANIFEST, MIN_WORKER, POOL, RUN_ID, TOKEN, digest
 
 from krill.chain import errors as E
 from krill.chain.events import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import MIN_VERIFIER, MIN_WORKER, UNBONDING, key_of
+from chain_constants import MIN_VERIFIER, MIN_WORKER, UNBONDING, key_of
 
 from krill.chain import errors as E
 from krill.chain.events import MinimumStakeSet, Staked, UnbondingBlocksSet, UnstakeRequested, Withdrawn

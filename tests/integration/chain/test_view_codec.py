@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import RUN_ID, digest, key_of
+from chain_constants import RUN_ID, digest, key_of
 
 from krill.chain import errors as E
 from krill.chain.events import Committed
