@@ -5,8 +5,9 @@ Design decisions:
   the chain, and its Ed25519 signature against the key the worker STAKED, before any file is
   fetched); `payload` (every file fetched with the size the signed header states as the cap,
   then sizes, hashes, CIDs and tensor decoding via `validate_contribution`); `assignment`
-  (prompts, seeds, sampling parameters, behaviour staleness); `rewards`; `resample` (exact
-  re-sampling from the committed seed at the behaviour version); `gradient` (one shard, drawn by
+  (prompts, seeds, sampling parameters, behaviour staleness); `rewards`; `resample` (the claimed
+  tokens confirmed as the committed seed's draws at the behaviour version in one teacher-forced
+  pass, else exact re-sampling decides); `gradient` (one shard, drawn by
   `select.gradient_shard`). The protocol core (`krill.protocol.work`) owns the comparisons, so
   the worker and the verifier cannot drift apart.
 - Tolerances: per field the looser of the run spec's and this verifier's calibration table's

@@ -13,6 +13,10 @@ Design decisions:
   deterministic), which also pins every behaviour log-prob within tolerance; and one shard's
   gradient recomputed on the committed batch (cosine and relative-norm tolerances of the run).
   Every check returns figures, so the evidence document says how far off a failure was.
+- The re-sampling check first tries to confirm the claimed tokens as the seed's draws in one
+  teacher-forced pass (`krill.rl.engine.replay`: the sampler's noise replayed, every token must be
+  the arg-max of its step); only what that does not confirm is generated again token by token,
+  and the exact comparison decides. The fast path can only accept.
 - The checks take the tolerances as an argument (default the run spec's): a verifier passes the
   looser of the spec's and its calibration table's (`krill.calibration`), and `krill calibrate`
   records the very figures these checks return.
@@ -253,8 +257,12 @@ def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Ro
     """
     verify = verify or spec.verify
     _, prompts, _ = assigned_prompts(spec, task, tokenizer, header.worker, header.behaviour_version, header.nonce)
-    again = engine.generate(prompts, sampling_params(spec, task), header.sampling.seed)
+    params = sampling_params(spec, task)
     claimed = rollouts_from_payload(batch)
+    fast = _confirm_draws(engine, claimed, prompts, params, header.sampling.seed, verify.logprob_abs_tol)
+    if fast is not None:
+        return fast
+    again = engine.generate(prompts, params, header.sampling.seed)
     mine, theirs = claimed.sequences(), again.sequences()
     token_mismatch = sum(a != b for a, b in zip(mine, theirs, strict=False)) + abs(len(mine) - len(theirs))
     figures = {"sequences": len(again), "token_mismatches": int(token_mismatch)}
@@ -269,6 +277,27 @@ def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Ro
     ok = not verify.exact_resample and diff <= verify.logprob_abs_tol
     return CheckOutcome("resample", ok, f"{token_mismatch} of {len(again)} sequences differ from the re-sample; "
                         f"teacher-forced log-prob difference {diff:.2e}", figures)
+
+
+def _confirm_draws(engine, claimed: Rollouts, prompts: list[list[int]], params, seed: int,
+                   logprob_abs_tol: float) -> CheckOutcome | None:
+    """The passing resample outcome when one teacher-forced pass confirms every claimed token as the seed's
+    draw (`krill.rl.engine.replay`); None sends the check to the exact re-generation."""
+    from krill.rl.engine.hf import HFEngine
+    from krill.rl.engine.replay import fast_path_available, replay_draws
+
+    if not isinstance(engine, HFEngine) or not fast_path_available():
+        return None
+    lengths = claimed.prompt_lengths.tolist()
+    if len(lengths) != len(prompts) or [s[:n] for s, n in zip(claimed.sequences(), lengths, strict=True)] != prompts:
+        return None
+    replayed = replay_draws(engine.model, claimed, params, seed, engine.eos_id, engine.pad_id, logprob_abs_tol)
+    if not replayed.confirmed:
+        return None
+    return CheckOutcome("resample", True, f"every token confirmed as the seed's draw in one teacher-forced pass; "
+                        f"max log-prob difference {replayed.max_logprob_diff:.2e}",
+                        {"sequences": len(prompts), "token_mismatches": 0,
+                         "max_logprob_diff": replayed.max_logprob_diff, "fast_path": True})
 
 
 def check_gradient(spec: RunSpec, header: HeaderBody, batch: RolloutBatch, claimed: dict[str, np.ndarray],

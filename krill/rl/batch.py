@@ -135,11 +135,23 @@ def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, temperat
     `before_call("prompts")` / `before_call("rows")` runs before the model runs on the distinct
     prompts / on the rows' completion tokens (`krill.rl.grouped_gradient` tells its layers which).
     """
-    from transformers import DynamicCache
-
     rows, steps = batch.targets.shape
     if rows == 0 or steps == 0:
         return torch.zeros((rows, steps), dtype=torch.float32)
+    logits = completion_logits(model, batch, before_call)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    return logp * batch.mask
+
+
+def completion_logits(model: torch.nn.Module, batch: CompletionBatch,
+                      before_call: Callable[[str], None] | None = None) -> torch.Tensor:
+    """float32 logits [B, T, V] predicting each completion position (the prompts run once each, then every
+    row's completion tokens, teacher-forced); rows and steps must be non-zero."""
+    from transformers import DynamicCache
+
+    steps = batch.targets.shape[1]
     positions = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     if before_call is not None:
         before_call("prompts")
@@ -158,8 +170,4 @@ def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, temperat
         rest = model(input_ids=batch.targets[:, :-1], attention_mask=attention, position_ids=positions,
                      cache=cache, use_cache=True).logits
         logits = torch.cat([logits, rest], dim=1)
-    logits = logits.float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-    return logp * batch.mask
+    return logits.float()

@@ -203,3 +203,63 @@ def test_batched_payload_prompts_and_decoding_equal_the_per_sequence_forms(tiny_
     _, prompts, metas = assigned_prompts(spec, task, tok, workers[1].worker, 0, 5)
     assert prompts == [r.sequence(i)[:int(r.prompt_lengths[i])] for i in range(len(r))]
     assert prompts[0] == tok(task.prompts(sampled.prompt_indices, "train")[0][0])["input_ids"]
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_teacher_forced_replay_confirms_honest_draws_and_nothing_else(tiny_run, temperature, top_p):
+    """The fast resample confirms exactly what the seed draws; a changed token, another seed or a truncated
+    completion is left to the exact re-generation."""
+    from krill.rl.engine.base import SamplingParams
+    from krill.rl.engine.replay import fast_path_available, replay_draws
+
+    _, spec, base, workers = tiny_run
+    assert fast_path_available()
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=base.version)
+    prompts = [tok(text)["input_ids"] for text, _ in task.prompts(list(range(40, 46)), "train") for _ in range(4)]
+    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=task.max_new_tokens)
+
+    def replay(rollouts, seed=11):
+        return replay_draws(engine.model, rollouts, params, seed, tok.eos_token_id, tok.pad_token_id, 2.1e-4)
+
+    drawn = engine.generate(prompts, params, 11)
+    assert replay(drawn).confirmed, replay(drawn).detail
+    if temperature > 0:
+        other = engine.generate(prompts, params, 12)
+        assert other.sequences() != drawn.sequences()
+        assert not replay(other).confirmed  # honest tokens, but not this seed's
+    # One completion token changed (log-prob kept): not the seed's draw.
+    row = 5
+    at = int(drawn.offsets[row] + drawn.prompt_lengths[row])
+    tokens = drawn.tokens.clone()
+    tokens[at] = (int(tokens[at]) + 1) % 10 + 4
+    changed = type(drawn)(tokens, drawn.offsets, drawn.prompt_lengths, drawn.logprobs, drawn.finished)
+    assert not replay(changed).confirmed
+    # A finished completion cut before its eos is a layout generation cannot produce.
+    ends = drawn.offsets.clone()
+    lengths = drawn.completion_lengths()
+    if int(lengths[0]) > 1 and int(drawn.tokens[int(drawn.offsets[1]) - 1]) == tok.eos_token_id:
+        keep = torch.ones(len(drawn.tokens), dtype=torch.bool)
+        keep[int(drawn.offsets[1]) - 1] = False
+        ends[1:] -= 1
+        cut = type(drawn)(drawn.tokens[keep], ends, drawn.prompt_lengths, drawn.logprobs[keep], drawn.finished)
+        assert not replay(cut).confirmed
+
+
+def test_check_resample_takes_the_fast_path_for_honest_work_and_fails_forged_tokens(tiny_run):
+    from krill.payload.rollout import RolloutBatch
+
+    store, spec, base, workers = tiny_run
+    header, files = _produce(spec, base, workers[2], nonce=3)
+    contribution = _validate(spec, base, header, files)
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=0)
+    honest = check_resample(spec, task, tok, header, contribution.rollouts, engine)
+    assert honest.ok and honest.figures.get("fast_path") is True
+    b = contribution.rollouts
+    tokens = b.token_ids.copy()
+    at = int(b.offsets[2] + b.prompt_lengths[2])
+    tokens[at] = (tokens[at] + 1) % 10 + 4
+    forged = RolloutBatch(tokens, b.offsets, b.prompt_lengths, b.logprobs, b.rewards, b.group_ids)
+    outcome = check_resample(spec, task, tok, header, forged, engine)
+    assert not outcome.ok and "fast_path" not in outcome.figures and outcome.figures["token_mismatches"] == 1
