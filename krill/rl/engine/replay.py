@@ -7,7 +7,9 @@ Design decisions:
   finished. Given the claimed tokens, every step's probabilities come from one teacher-forced pass
   (`krill.rl.batch.completion_logits`, prompts run once each), and the same generator replays the
   same q: each claimed token must be the arg-max of its step. One forward pass replaces one per
-  generated token.
+  generated token. Measured alone on the demo model (one thread, 128 sequences): 27.3 ms to
+  generate against 24.7 ms to confirm with 4-token completions, 78.9 against 63.8 ms with 32. The
+  teacher-forced pass processes the same tokens; the gain grows where decoding is latency-bound.
 - Teacher-forced logits differ from the generation's cached ones in the last bits, which can move
   an arg-max at a near tie: a token within `TIE_RTOL` of its step's best score is confirmed.
 - The fast path only accepts. What it does not confirm (a token that is not the arg-max, log-probs
