@@ -215,6 +215,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
             raise KrillError(f"the coordinator failed:\n{coordinator.tail()}")
         procs.stop_all(keep=("explorer",))  # the explorer serves the finished run until the demo ends
         train_seconds = time.monotonic() - train_started
+        # The coordinator may have published a version on chain and been stopped before its index saw it:
+        # one more sync, so the summary, the release and the audit all name the chain's last version.
+        procs.run("index-sync", ["--config", str(run.configs["coordinator"]), "index", "sync"], timeout=300)
 
         summary = collect_summary(db_url, run)
         final = summary["versions"]
