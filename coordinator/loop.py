@@ -163,18 +163,15 @@ class Coordinator:
 
         stop = stop or threading.Event()
         delay = self.options.poll_interval_s
-        frozen = False  # the heap is frozen after the first publish (models, clients and caches loaded)
         while not stop.is_set():
             try:
                 with recording(self.phases):
                     published = self.step()
                 if self.done():
                     return
-                if published and not frozen:
-                    freeze_heap()
-                    frozen = True
                 delay = self.options.poll_interval_s
                 if published:
+                    freeze_heap()  # once per process: models, clients and caches are loaded by the first publish
                     continue  # contributions for the next version came in while this one was published
             except FAULTS as exc:
                 delay = min(max(delay, self.options.poll_interval_s) * 2, self.options.max_backoff_s)

@@ -191,14 +191,12 @@ class VerifierLoop:
         from krill.runtime import freeze_heap
 
         delay = self.settings.poll_interval_s
-        frozen = False  # the heap is frozen after the first attestation (models and clients loaded)
         while not should_stop():
             try:
                 self.step()
                 delay = self.settings.poll_interval_s
-                if self.attested and not frozen:
+                if self.attested:  # models and clients are loaded by the first attestation (frozen once)
                     freeze_heap()
-                    frozen = True
             except UNREACHABLE as exc:
                 self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {delay:.2f}s")
                 time.sleep(delay)

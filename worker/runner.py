@@ -197,7 +197,6 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
     from krill.runtime import freeze_heap
 
     cap = config.worker.max_per_version
-    frozen = False  # the heap is frozen after the first contribution, once the models are loaded
     checked_at: int | None = None  # the newest version seen when a submission last took the stake check
     while True:
         if pipeline.done():
@@ -225,8 +224,6 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
             with phase("wait_submit"):
                 previous = pipeline.wait()
         report(previous)
-        if not frozen:
-            freeze_heap()
-            frozen = True
+        freeze_heap()  # once per process: the models are loaded by the first contribution
         pipeline.start(made, phases, before=check_stake if latest != checked_at else None)
         checked_at = latest

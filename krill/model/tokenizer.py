@@ -61,18 +61,16 @@ def decode_completion(tokenizer, ids: Sequence[int]) -> str:
     answer if that answer is as long as the whole generation budget; tasks size their
     `max_new_tokens` one longer than the longest answer so that such a completion always fails.
     """
-    ids = [int(i) for i in ids]
-    eos = tokenizer.eos_token_id
-    if eos in ids:
-        ids = ids[: ids.index(eos)]
-    return tokenizer.decode(ids, skip_special_tokens=True)
+    return tokenizer.decode(_before_eos(ids, tokenizer.eos_token_id), skip_special_tokens=True)
 
 
 def decode_completions(tokenizer, completions: Sequence[Sequence[int]]) -> list[str]:
     """`decode_completion` of each of `completions`, decoded in one batched call."""
-    eos = tokenizer.eos_token_id
-    cut = []
-    for ids in completions:
-        ids = [int(i) for i in ids]
-        cut.append(ids[: ids.index(eos)] if eos in ids else ids)
+    cut = [_before_eos(ids, tokenizer.eos_token_id) for ids in completions]
     return tokenizer.batch_decode(cut, skip_special_tokens=True) if cut else []
+
+
+def _before_eos(ids: Sequence[int], eos: int) -> list[int]:
+    """The token ids before the first `eos` (all of them when there is none)."""
+    ids = [int(i) for i in ids]
+    return ids[: ids.index(eos)] if eos in ids else ids

@@ -35,6 +35,12 @@ def _produce(spec, base, who, nonce, tamper=None):
     return package(spec, task, who, base, sampled, learned)
 
 
+def _checker(spec, base):
+    """(task, tokenizer, engine at `base`): what a replay runs with."""
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    return task, tok, HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=base.version)
+
+
 def _grad_lengths(base):
     masks = base.masks()
     return {s: {n: int(masks[n].numel()) for n in base.manifest.shard_names(s)} for s in range(base.manifest.num_shards)}
@@ -50,8 +56,7 @@ def test_produce_validate_and_replay_passes_for_honest_work(tiny_run):
     store, spec, base, workers = tiny_run
     header, files = _produce(spec, base, workers[0], nonce=0)
     contribution = _validate(spec, base, header, files)
-    task, tok = get_task(spec.task), load_tokenizer(base)
-    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=0)
+    task, tok, engine = _checker(spec, base)
     checks = [check_assignment(spec, task, tok, header, contribution.rollouts),
               check_rewards(spec, task, tok, header, contribution.rollouts),
               check_resample(spec, task, tok, header, contribution.rollouts, engine)]
@@ -184,8 +189,7 @@ def test_batched_payload_prompts_and_decoding_equal_the_per_sequence_forms(tiny_
     from krill.protocol.work import assigned_prompts, group_ids, rollout_payload
 
     _, spec, base, workers = tiny_run
-    task, tok = get_task(spec.task), load_tokenizer(base)
-    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=base.version)
+    task, tok, engine = _checker(spec, base)
     sampled = sample(spec, task, tok, engine, workers[1].worker, 5)
     r = sampled.rollouts
     assert r.completions() == [r.completion(i) for i in range(len(r))]
@@ -214,8 +218,7 @@ def test_teacher_forced_replay_confirms_honest_draws_and_nothing_else(tiny_run, 
 
     _, spec, base, workers = tiny_run
     assert fast_path_available()
-    task, tok = get_task(spec.task), load_tokenizer(base)
-    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=base.version)
+    task, tok, engine = _checker(spec, base)
     prompts = [tok(text)["input_ids"] for text, _ in task.prompts(list(range(40, 46)), "train") for _ in range(4)]
     params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=task.max_new_tokens)
 
@@ -236,14 +239,15 @@ def test_teacher_forced_replay_confirms_honest_draws_and_nothing_else(tiny_run, 
     changed = type(drawn)(tokens, drawn.offsets, drawn.prompt_lengths, drawn.logprobs, drawn.finished)
     assert not replay(changed).confirmed
     # A finished completion cut before its eos is a layout generation cannot produce.
+    lengths = drawn.completion_lengths().tolist()
+    row = next(i for i in range(len(drawn)) if lengths[i] > 1 and drawn.completion(i)[-1] == tok.eos_token_id)
+    last = int(drawn.offsets[row + 1]) - 1
+    keep = torch.ones(len(drawn.tokens), dtype=torch.bool)
+    keep[last] = False
     ends = drawn.offsets.clone()
-    lengths = drawn.completion_lengths()
-    if int(lengths[0]) > 1 and int(drawn.tokens[int(drawn.offsets[1]) - 1]) == tok.eos_token_id:
-        keep = torch.ones(len(drawn.tokens), dtype=torch.bool)
-        keep[int(drawn.offsets[1]) - 1] = False
-        ends[1:] -= 1
-        cut = type(drawn)(drawn.tokens[keep], ends, drawn.prompt_lengths, drawn.logprobs[keep], drawn.finished)
-        assert not replay(cut).confirmed
+    ends[row + 1:] -= 1
+    cut = type(drawn)(drawn.tokens[keep], ends, drawn.prompt_lengths, drawn.logprobs[keep], drawn.finished)
+    assert not replay(cut).confirmed
 
 
 def test_check_resample_takes_the_fast_path_for_honest_work_and_fails_forged_tokens(tiny_run):
@@ -252,8 +256,7 @@ def test_check_resample_takes_the_fast_path_for_honest_work_and_fails_forged_tok
     store, spec, base, workers = tiny_run
     header, files = _produce(spec, base, workers[2], nonce=3)
     contribution = _validate(spec, base, header, files)
-    task, tok = get_task(spec.task), load_tokenizer(base)
-    engine = HFEngine(build_model(base), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=0)
+    task, tok, engine = _checker(spec, base)
     honest = check_resample(spec, task, tok, header, contribution.rollouts, engine)
     assert honest.ok and honest.figures.get("fast_path") is True
     b = contribution.rollouts
