@@ -124,9 +124,10 @@ def _run_batches(plan: dict, p_default: float, root: Path,
     for repeat in range(plan["repeats"]):
         for b, batch in enumerate(plan["batches"]):
             echo(f"detection batch {b + 1}/{len(plan['batches'])} (repeat {repeat + 1}): {', '.join(batch)}")
+            # Pipelined (two commits per worker and version): attackers' commits do not wait on the honest one's.
             config = DemoConfig(workers=1 + len(batch), adversaries=len(batch), attacks=list(batch), verifiers=2,
                                 minutes=plan["minutes"], versions=10_000, shards=2, eval_every=10_000,
-                                model_dir=model_dir, release=False, audit_last=0,
+                                model_dir=model_dir, release=False, audit_last=0, fresh_gradients=False,
                                 spec_overrides={"seed": 1000 * repeat + b, "version": plan.get("version", {}),
                                                 "chain": {"check_probability_ppm": int(p_default * 1e6)}})
             summary = run_demo(config, root / f"run-{repeat}-{b}", echo=lambda line: None)

@@ -35,9 +35,12 @@ import click
               help="Port of the explorer the demo serves (0: a free one).")
 @click.option("--no-explorer", is_flag=True, help="Do not start the explorer.")
 @click.option("--serve", is_flag=True, help="Keep the explorer serving the finished run until Ctrl-C.")
+@click.option("--pipelined", is_flag=True,
+              help="Workers commit twice per version and versions fold what came in (gradients about one "
+                   "version stale) instead of waiting for every honest worker's commit.")
 @click.option("--chain-round", is_flag=True, help="Only play one scripted contract round and print what the chain says.")
 def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workdir, spec_file, model_dir,
-         explorer_port, no_explorer, serve, chain_round) -> None:
+         explorer_port, no_explorer, serve, pipelined, chain_round) -> None:
     """Run Krill end to end on this machine and print the outcome."""
     from rich.console import Console
 
@@ -57,7 +60,8 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
         config = DemoConfig(workers=workers, adversaries=adversaries, verifiers=verifiers, minutes=minutes,
                             versions=versions, spec_overrides=overrides,
                             model_dir=Path(model_dir) if model_dir else None,
-                            explorer_port=None if no_explorer else explorer_port, serve=serve)
+                            explorer_port=None if no_explorer else explorer_port, serve=serve,
+                            fresh_gradients=not pipelined)
         where = Path(workdir) if workdir else krill_home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
         console.print(f"[bold]krill demo[/bold] in {where}")
         summary = run_demo(config, where, echo=lambda line: console.print(line, highlight=False),

@@ -30,6 +30,8 @@ def train() -> None:
 @click.option("--max-staleness", type=click.IntRange(0, 1000), default=2, show_default=True,
               help="Rollouts come from versions up to this many behind.")
 @click.option("--staleness-weight", type=click.Choice(["none", "inverse", "exp"]), default="inverse", show_default=True)
+@click.option("--stale-gradients", is_flag=True,
+              help="Apply each version's contributions one version later, as a pipelined protocol run does.")
 @click.option("--minutes", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
               help="Training time budget (ignored when --versions is given).")
 @click.option("--versions", type=click.IntRange(min=1), default=None, help="Stop after this many versions.")
@@ -48,7 +50,7 @@ def train() -> None:
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the summary JSON here and the learning curve PNG beside it.")
 def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: int, group_size: int,
-          max_staleness: int, staleness_weight: str, minutes: float, versions: int | None, lr: float,
+          max_staleness: int, staleness_weight: str, stale_gradients: bool, minutes: float, versions: int | None, lr: float,
           density: float, value_dtype: str, rule: str, num_shards: int, eval_n: int, eval_every: int,
           seed: int, threads: int, summary_path: Path | None) -> None:
     """RL in one process with simulated workers, stale rollouts and robust aggregation."""
@@ -61,6 +63,8 @@ def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: i
     from krill.rl.optimizer import AdamWConfig
     from krill.rl.staleness import StalenessConfig
 
+    if stale_gradients and max_staleness < 1:
+        raise click.UsageError("--stale-gradients needs --max-staleness >= 1: the gradients are one version old")
     if threads:
         torch.set_num_threads(threads)
     if model_dir is None:
@@ -70,7 +74,7 @@ def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: i
     config = LocalTrainConfig(
         task=task, seed=seed, workers=workers, prompts_per_worker=prompts_per_worker, group_size=group_size,
         num_shards=num_shards, versions=versions, minutes=minutes, eval_n=eval_n, eval_every=eval_every,
-        staleness=StalenessConfig(kind=staleness_weight, max_staleness=max_staleness),
+        staleness=StalenessConfig(kind=staleness_weight, max_staleness=max_staleness), stale_gradients=stale_gradients,
         optimizer=AdamWConfig(lr=lr, max_grad_norm=1.0),
         compression=CompressionConfig(density=density, dtype=value_dtype),
         rule=TypeAdapter(AggregationRule).validate_python({"type": rule}))

@@ -11,6 +11,13 @@ Design decisions:
   coordinator step decompresses, weighs by staleness, aggregates each shard with the robust
   rule (clip, nearest-neighbour mixing, trimmed mean by default), applies per-shard AdamW, and
   publishes the next version (here: a snapshot kept for stale engines).
+- Gradients are taken at the current version by default: stale rollouts, fresh gradient, the
+  truncated importance weights correcting the drift. `stale_gradients` instead applies each
+  version's contributions (sampled and differentiated at that version) one version later, as the
+  protocol does when its coordinator folds what arrived while it published; with the demo's
+  batch (6 workers x 16 prompts) that made greedy accuracy fall from 44% to 25% between versions
+  80 and 140 where fresh gradients climbed steadily (2026-12-04), the dip the pipelined demo showed.
+  The first version's batch is then applied twice (at versions 0 and 1): nothing older exists.
 - The public mask reference is the shard optimizer's first moment (momentum): smoother than one
   aggregate, and public because any auditor can recompute it from the aggregation records.
 - Evaluation is greedy accuracy on the first `eval_n` prompts of the task's eval split, every
@@ -30,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from krill.rl.aggregate import AggregationRule, ClipMixTrimRule, aggregate
 from krill.rl.compression import CompressionConfig, decompress_values, densify, shared_masks
@@ -70,6 +77,14 @@ class LocalTrainConfig(BaseModel):
     optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4, max_grad_norm=1.0))
     compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
+    stale_gradients: bool = Field(False, description="Apply each version's contributions one version later "
+                                                     "(gradients one version stale, as a pipelined protocol run).")
+
+    @model_validator(mode="after")
+    def _room_for_stale_gradients(self) -> LocalTrainConfig:
+        if self.stale_gradients and self.staleness.max_staleness < 1:
+            raise ValueError("stale_gradients: needs staleness.max_staleness >= 1 (the gradients are one version old)")
+        return self
 
 
 def _address(seed: int, i: int) -> str:
@@ -106,6 +121,7 @@ class LocalTrainer:
         self.engines: dict[int, HFEngine] = {}
         self.params = SamplingParams(temperature=config.temperature, top_p=config.top_p,
                                      max_new_tokens=self.task.max_new_tokens)
+        self._pending: tuple[list[Contribution], dict[str, torch.Tensor]] | None = None  # stale_gradients
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -130,13 +146,28 @@ class LocalTrainer:
                 references.update(opt.momentum())
         return shared_masks(self.shapes, references, self.config.compression, self.run_id, self.version)
 
+    def next_batch(self) -> tuple[list[Contribution], dict[str, torch.Tensor]]:
+        """The contributions the coordinator folds into the current version, and their masks.
+
+        With `stale_gradients`, those made at the previous version (the first version's twice).
+        """
+        masks = self.masks()
+        made = self.contributions(masks)
+        if not self.config.stale_gradients:
+            return made, masks
+        pending, self._pending = self._pending, (made, masks)
+        return pending or (made, masks)
+
     def contributions(self, masks: dict[str, torch.Tensor]) -> list[Contribution]:
         c = self.config
         from krill.rl.assign import assign_prompts
 
+        # Rollouts at most S_max versions behind the version that folds them: with stale gradients
+        # that version is the next one.
+        bound = c.staleness.max_staleness - int(c.stale_gradients)
         plans = []  # (worker, behaviour version, prompt indices)
         for i in range(c.workers):
-            behaviour = self.version - _draw_staleness(self.run_seed, i, self.version, c.staleness.max_staleness)
+            behaviour = self.version - _draw_staleness(self.run_seed, i, self.version, bound)
             worker = _address(c.seed, i)
             plans.append((worker, behaviour, assign_prompts(self.run_seed, worker, behaviour, self.version,
                                                             c.prompts_per_worker)))
@@ -217,8 +248,7 @@ def run_local(model_dir: Path, config: LocalTrainConfig, echo: Callable[[str], N
         if config.versions is None and config.minutes is not None and train_seconds >= 60 * config.minutes:
             break
         t0 = time.perf_counter()
-        masks = trainer.masks()
-        contributions = trainer.contributions(masks)
+        contributions, masks = trainer.next_batch()
         step_stats = trainer.step(contributions, masks)
         train_seconds += time.perf_counter() - t0
         tokens = sum(x.rollouts.num_completion_tokens for x in contributions)

@@ -53,7 +53,7 @@ def test_trl_reward_is_the_tasks_strict_reward_on_the_completion_ids():
     assert got == [1.0, 0.0, 0.0] and means == [1 / 3]
 
 
-def test_protocol_times_sum_the_coordinators_version_seconds(tmp_path):
+def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluation(tmp_path):
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
@@ -62,18 +62,23 @@ def test_protocol_times_sum_the_coordinators_version_seconds(tmp_path):
     db = tmp_path / "krill.db"
     engine = create_engine(f"sqlite:///{db}")
     StateBase.metadata.create_all(engine)
+    # Version 1 (set-up: the workers' start-up) has no clock reading; version 3's whole block seconds
+    # stand in for a missing one; version 2 and 4 spent part of their seconds evaluating.
+    rows = [(1, 26.0, None), (2, 3.0, {"clock_seconds": 2.5, "phases": {"eval": 0.5}}), (3, 4.0, {"phases": {}}),
+            (4, 1.0, {"clock_seconds": 1.25, "phases": {"eval": 0.25, "index": 0.1}})]
     with Session(engine) as s:
-        for v, seconds in [(1, 2.0), (2, 3.0), (3, 4.0), (4, 1.0)]:
-            s.add(Metric(run_id="ab" * 32, version=v, accepted=1, rejected=0, wall_seconds=seconds))
+        for v, seconds, extra in rows:
+            s.add(Metric(run_id="ab" * 32, version=v, accepted=1, rejected=0, wall_seconds=seconds, extra=extra))
         for v, acc in [(0, 0.2), (2, 0.35), (4, 0.45)]:
             s.add(Eval(run_id="ab" * 32, version=v, task="arithmetic:1", split="eval", n=20, correct=round(20 * acc),
                        accuracy=acc))
         s.commit()
     engine.dispose()
     p = protocol_times(db, (0.3, 0.4, 0.5))
-    assert p["versions"] == 4 and p["seconds"] == 10.0
-    assert p["curve"] == [[0, 0.0, None, 0.2], [2, 5.0, None, 0.35], [4, 10.0, None, 0.45]]
-    assert p["time_to"] == {"0.3": 5.0, "0.4": 10.0, "0.5": None}
+    assert p["versions"] == 4 and p["seconds"] == 7.0
+    assert p["setup_seconds"] == 26.0 and p["eval_seconds"] == 0.75
+    assert p["curve"] == [[0, 0.0, None, 0.2], [2, 2.0, None, 0.35], [4, 7.0, None, 0.45]]
+    assert p["time_to"] == {"0.3": 2.0, "0.4": 7.0, "0.5": None}
 
 
 def test_tiny_size_writes_every_figure(tmp_path):

@@ -23,3 +23,43 @@ def test_train_local_runs_versions_and_writes_summary_and_curve(tmp_path):
     assert data["final_accuracy"] == data["curve"][-1][1]
     assert data["compression_ratio"] > 4 and data["wall_seconds"] > 0
     assert summary.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _tiny_trainer(tmp_path, **overrides):
+    from krill.model.build import TinyModelSpec, build_tiny_model
+    from krill.rl.local_train import LocalTrainConfig, LocalTrainer
+
+    model_dir = tmp_path / "model"
+    build_tiny_model(seed=0, spec=TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64), directory=model_dir)
+    config = LocalTrainConfig(workers=2, prompts_per_worker=2, group_size=4, versions=3, minutes=None, eval_n=10,
+                              **overrides)
+    return LocalTrainer(model_dir, config)
+
+
+def test_stale_gradients_fold_each_versions_contributions_one_version_later(tmp_path):
+    trainer = _tiny_trainer(tmp_path, stale_gradients=True)
+    folded = []
+    for _ in range(3):
+        contributions, masks = trainer.next_batch()
+        folded.append([(x.worker, x.version, x.nonce) for x in contributions])
+        trainer.step(contributions, masks)
+    # Version 0 folds its own batch (nothing older exists), version 1 folds version 0's again,
+    # version 2 folds version 1's: what each contribution was made at is one version back.
+    assert folded[1] == folded[0]
+    assert {nonce for _, _, nonce in folded[2]} == {1}
+    fresh = _tiny_trainer(tmp_path / "fresh")
+    contributions, _ = fresh.next_batch()
+    assert {x.nonce for x in contributions} == {0}
+
+
+def test_stale_gradients_need_room_in_the_staleness_bound(tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.rl.local_train import LocalTrainConfig
+    from krill.rl.staleness import StalenessConfig
+
+    with pytest.raises(ValidationError, match="max_staleness >= 1"):
+        LocalTrainConfig(stale_gradients=True, staleness=StalenessConfig(max_staleness=0))
+    result = CliRunner().invoke(train, ["local", "--stale-gradients", "--max-staleness", "0"])
+    assert result.exit_code == 2 and "--stale-gradients needs --max-staleness >= 1" in result.output

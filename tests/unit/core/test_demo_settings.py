@@ -1,0 +1,28 @@
+"""What `krill demo` creates its run and configures its workers with."""
+
+from krill.demo.orchestrate import DEMO_SPEC, FRESH_DEADLINE_S, DemoConfig, demo_spec, role_settings
+
+
+def test_fresh_gradients_close_a_version_on_every_honest_workers_one_commit():
+    config = DemoConfig(workers=4, adversaries=1)
+    spec = demo_spec(config)
+    assert spec["version"] == {"contributions": 3, "deadline_s": FRESH_DEADLINE_S}
+    assert spec["rollout"] == DEMO_SPEC["rollout"] and spec["chain"] == DEMO_SPEC["chain"]
+    assert role_settings(config, "worker") == {"max_per_version": 1}
+    assert role_settings(config, "verifier") == {}
+
+
+def test_the_callers_spec_overrides_win_field_by_field():
+    config = DemoConfig(workers=3, adversaries=1, spec_overrides={
+        "version": {"deadline_s": 5.0}, "chain": {"check_probability_ppm": 1_000_000}, "eval_n": 20})
+    spec = demo_spec(config)
+    assert spec["version"] == {"contributions": 2, "deadline_s": 5.0}
+    assert spec["chain"] == {**DEMO_SPEC["chain"], "check_probability_ppm": 1_000_000}
+    assert spec["eval_n"] == 20
+    assert demo_spec(DemoConfig(workers=1, adversaries=1))["version"]["contributions"] == 1
+
+
+def test_pipelined_demo_keeps_the_specs_close_rule_and_two_commits_per_version():
+    config = DemoConfig(fresh_gradients=False)
+    assert "version" not in demo_spec(config)
+    assert role_settings(config, "worker") == {}
