@@ -121,6 +121,9 @@ class WorkerConfig(_RoleSection):
     max_contributions: int | None = Field(None, ge=1, description="Stop after this many commits (default: run on).")
     max_per_version: int | None = Field(2, ge=1, description="Commits per published version before waiting for the "
                                         "next one (work beyond what a version folds only goes stale); None: no limit.")
+    sample_ahead: bool = Field(False, description="With this version's share committed (max_per_version), sample "
+                               "the next contribution's rollouts at it and take their gradient at the next version "
+                               "(rollouts one version behind; sampling off the version's critical path).")
     stake: int = Field(500 * 10**18, ge=1, description="Stake (token base units) that `krill worker stake` deposits.")
     watch_interval_s: float = Field(0.25, ge=0, le=60, description="How often a background thread reads the newest "
                                     "version and fetches a new one's shards; 0: the worker reads the chain itself "

@@ -139,12 +139,16 @@ class Contributor:
         self.save(made)
         return made
 
-    def make(self, behaviour_version: int | None = None, started: float | None = None):
+    def make(self, behaviour_version: int | None = None, started: float | None = None,
+             learn_after: int | None = None, poll_s: float = 0.5):
         """Sample, learn, package and sign a contribution, nothing saved yet; returns the arguments of
         `submit` (save them first), or the Outcome of rollouts that went stale while they were sampled.
 
         `behaviour_version`: the newest version as the caller just read it (saves a chain read);
-        `started`: when the caller began this contribution (`perf_counter`; default now)."""
+        `started`: when the caller began this contribution (`perf_counter`; default now);
+        `learn_after`: sample ahead: once the rollouts are drawn, wait (phase `wait_version`, checking
+        every `poll_s` or on the watcher's news) for a version newer than this one and take the
+        gradient there."""
         from krill.protocol.work import learn
         from krill.worker.behaviors import Work
 
@@ -165,6 +169,11 @@ class Contributor:
         summary = {"mean_reward": float(sampled.rewards.mean()), "true_mean_reward": float(true_rewards.mean()),
                    "tokens": int(sampled.rollouts.num_completion_tokens)}
         v = self.newest()
+        if learn_after is not None and v <= learn_after:
+            with phase("wait_version"):
+                while v <= learn_after:
+                    self.wait_newer(learn_after, poll_s)
+                    v = self.newest()
         self._seen_latest = (v, time.monotonic())
         if v - b > self.spec.staleness.max_staleness:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},

@@ -23,6 +23,10 @@ Design decisions:
   background thread (`SubmitPipeline`, one in flight); its outcome is reported when it is known. The
   per-version cap counts the commit in flight; `max_contributions` stops making new work once
   the landed commits plus the one in flight reach it, and goes on if that one fails.
+- Sample ahead (`worker.sample_ahead`): a worker that has its share of the newest version draws
+  the next contribution's rollouts at it while the coordinator folds, then waits for the next
+  version and takes the gradient there (rollouts one version behind, which the loss's truncated
+  importance weights correct; the gradient fresh). Sampling leaves the version's critical path.
 - `max_contributions` counts commits that landed (a resumed one included); dropped stale work
   does not count.
 """
@@ -210,14 +214,18 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
             started = time.perf_counter()
             latest = s.contributor.newest(REUSE_LATEST_S)
             at_latest = per_version.get(latest, 0) + (pipeline.model_version == latest)
+            learn_after = None
             if cap is not None and at_latest >= cap:
-                # This version has our share; more work now would only go stale. Wait for the next one.
-                if pipeline.in_flight:
+                # This version has our share; a gradient taken at it now would only go stale.
+                if config.worker.sample_ahead:
+                    learn_after = latest  # sample now, take the gradient at the next version
+                elif pipeline.in_flight:
                     report(pipeline.wait())
+                    continue
                 else:
                     s.contributor.wait_newer(latest, config.worker.poll_interval_s)
-                continue
-            made = s.contributor.make(latest, started)
+                    continue
+            made = s.contributor.make(latest, started, learn_after, config.worker.poll_interval_s)
             if isinstance(made, Outcome):
                 report(made)
                 continue

@@ -13,7 +13,9 @@ Design decisions:
   it loads the model, the tokenizer and the task for the first time.
 - A worker's waiting is the gap between the end of one contribution's critical path and the start
   of the next (the per-version cap: a worker that has its share of a version waits for the next
-  one; back-off), from the log's end times and durations. Its first contribution has no gap.
+  one; back-off), from the log's end times and durations, plus, for a contribution sampled ahead,
+  its wait between the rollouts and the next version (`wait_version`). Its first contribution has
+  no gap.
 - Protocol overhead = what a worker spends beyond the RL work (rollout generation, reward,
   gradient), as a share of its busy time (waiting excluded, reported on its own): compression,
   serialisation, hashing and signing, the durable state (signed bytes and nonce), the model
@@ -92,10 +94,20 @@ COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
 
 
 def foreground_seconds(record: dict) -> float:
-    """A contribution's time on the worker's critical path: all of it for a worker that submits in line,
+    """A contribution's time in the worker's main loop: all of it for a worker that submits in line,
     up to the hand-off of its upload and commit to the background for a pipelined one."""
     s = record.get("seconds") or {}
     return float(s.get("foreground", s.get("total", 0.0)))
+
+
+def version_wait(record: dict) -> float:
+    """Seconds a sampled-ahead contribution waited between its rollouts and the next version (waiting, not busy)."""
+    return float((record.get("phases") or {}).get("wait_version", 0.0))
+
+
+def busy_seconds(record: dict) -> float:
+    """A contribution's time on the worker's critical path: its main-loop time less any wait for a version."""
+    return max(0.0, foreground_seconds(record) - version_wait(record))
 
 
 def overlapped_parts(record: dict) -> tuple[str, ...]:
@@ -117,7 +129,7 @@ def worker_parts(record: dict) -> dict[str, float]:
     parts["chain_tx"] = max(0.0, s.get("commit", 0.0) - parts["chain_confirm"])
     background = overlapped_parts(record)
     on_path = sum(v for k, v in parts.items() if k not in background)
-    parts["other"] = max(0.0, foreground_seconds(record) - on_path)
+    parts["other"] = max(0.0, busy_seconds(record) - on_path)
     return parts
 
 
@@ -152,10 +164,10 @@ def worker_breakdown(records: list[dict]) -> dict:
                  if r["status"] == "committed" and r.get("phases") and i not in first]
     per = {i: worker_parts(records[i]) for i in committed}
     background = {i: overlapped_parts(records[i]) for i in committed}
-    busy = sum(foreground_seconds(records[i]) for i in committed)
-    dropped = sum(foreground_seconds(r) for i, r in enumerate(records) if i not in per and i not in first)
+    busy = sum(busy_seconds(records[i]) for i in committed)
+    dropped = sum(busy_seconds(r) for i, r in enumerate(records) if i not in per and i not in first)
     startup = [records[i]["seconds"].get("total", 0.0) for i in first]
-    waiting = sum(gaps.values())
+    waiting = sum(gaps.values()) + sum(version_wait(r) for i, r in enumerate(records) if i not in first)
     rows = []
     for key, label, rl in WORKER_PARTS:
         values = [per[i][key] for i in committed]
@@ -174,7 +186,7 @@ def worker_breakdown(records: list[dict]) -> dict:
             "workers": len({r["worker"] for r in records}), "busy_seconds": busy, "dropped_seconds": dropped,
             "overlapped_seconds": sum(row["overlapped_seconds"] for row in rows),
             "waiting_seconds": waiting, "wall_seconds": wall, "parts": rows,
-            "median_contribution_ms": 1000 * statistics.median([foreground_seconds(records[i]) for i in committed])
+            "median_contribution_ms": 1000 * statistics.median([busy_seconds(records[i]) for i in committed])
             if committed else None,
             "overhead_pct": 100 * overhead / busy if busy else None,
             "overhead_pct_without_model_fetch": 100 * (overhead - fetch) / busy if busy else None,

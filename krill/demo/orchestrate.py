@@ -17,6 +17,8 @@ Design decisions:
   gradients computed one version back (mean staleness 1.0), and greedy accuracy fell by up to
   25 points for 50-100 versions mid-run in every demo of 2026-12-04; `krill train local
   --stale-gradients` reproduces that dip in one process, and fresh demos climbed without it.
+  The workers sample ahead (`worker.sample_ahead`): their next rollouts are drawn while the
+  coordinator folds, one version behind, and only the gradient waits for the new version.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class DemoConfig(BaseModel):
     fresh_gradients: bool = Field(True, description=(
         "Workers commit once per version and a version closes when every honest worker's commit is in "
         "(unless spec_overrides set version.contributions), so gradients are computed at the version they "
-        "update; off: two commits per version, folded as they come (staleness about 1)."))
+        "update; each worker samples its next rollouts while the coordinator folds (worker.sample_ahead). "
+        "Off: two commits per version, folded as they come (staleness about 1)."))
 
     @field_validator("attacks")
     @classmethod
@@ -106,7 +109,7 @@ def demo_spec(config: DemoConfig) -> dict:
 def role_settings(config: DemoConfig, role: str) -> dict:
     """Settings of a worker's or verifier's config section beyond its poll interval."""
     if role == "worker" and config.fresh_gradients:
-        return {"max_per_version": 1}
+        return {"max_per_version": 1, "sample_ahead": True}
     return {}
 
 

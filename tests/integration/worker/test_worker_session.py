@@ -140,3 +140,36 @@ def test_the_next_contribution_is_made_while_the_previous_one_is_committed(worke
     assert second["time"] - second["seconds"]["total"] < first["time"]
     assert "wait_submit" in second["phases"] and "chain_confirm" in second["phases"]
     assert sum(line.count("commit #") for line in lines) == 2
+
+
+def test_a_worker_with_its_share_in_samples_ahead_and_learns_at_the_next_version(worker_env, tmp_path):
+    import threading
+    import time
+
+    from worker_replay import replay_commit
+
+    from krill.worker.runner import run_worker
+
+    env = worker_env
+    run = env.new_run("sample-ahead")
+    config = load_config(env.config_path(RESUMER, run, tmp_path / "state", max_per_version=1, sample_ahead=True))
+    outcomes: list = []
+    worker = threading.Thread(target=lambda: outcomes.extend(run_worker(config, max_contributions=2,
+                                                                        echo=lambda line: None)), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not commits_of(env, run, RESUMER) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert commits_of(env, run, RESUMER), "the first commit never landed"
+    time.sleep(1.0)  # the second contribution's rollouts are drawn at version 0 meanwhile; it waits for version 1
+    assert worker.is_alive() and len(commits_of(env, run, RESUMER)) == 1
+    assert env.publish_next(run) == 1
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert [(o.status, o.nonce, o.behaviour_version, o.model_version) for o in outcomes] == \
+        [("committed", 0, 0, 0), ("committed", 1, 0, 1)]
+    assert outcomes[1].phases.get("wait_version", 0.0) > 0.5 and "wait_version" not in outcomes[0].phases
+    second = commits_of(env, run, RESUMER)[1]
+    header, checks = replay_commit(env.admin, env.store, run.spec, second.commit_id)
+    assert (header.behaviour_version, header.model_version) == (0, 1)
+    assert all(c.ok for c in checks.values()), {n: c.detail for n, c in checks.items()}

@@ -154,3 +154,22 @@ def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
     rows = {row["part"]: row for row in w["parts"]}
     assert rows["chain_tx"]["seconds"] == 0 and rows["chain_tx"]["overlapped_seconds"] == pytest.approx(0.3)
     assert rows["wait_submit"]["seconds"] == pytest.approx(0.1) and rows["save"]["overlapped_seconds"] == 0.2
+
+
+def test_a_sampled_ahead_contributions_wait_for_the_next_version_is_waiting_not_busy():
+    def ahead(t, total, foreground, **phases):
+        r = _record("a", t, total, **phases)
+        r["seconds"]["foreground"] = foreground
+        return r
+
+    # The second contribution: 1.0 s of RL work, 0.05 s unnamed, and 0.6 s waiting for the next version
+    # between its rollouts and its gradient.
+    records = [ahead(10.0, 5.0, 4.5, rollout=4.0),
+               ahead(12.0, 1.95, 1.65, rollout=0.8, gradient=0.2, wait_version=0.6, chain_confirm=0.05)]
+    parts = worker_parts(records[1])
+    assert parts["other"] == pytest.approx(0.05)
+    w = worker_breakdown(records)
+    assert w["busy_seconds"] == pytest.approx(1.05)
+    # Gap: starts at 5.0 and 10.05, the first's main-loop time ends at 9.5; plus the 0.6 s version wait.
+    assert w["waiting_seconds"] == pytest.approx(0.55 + 0.6)
+    assert w["overhead_pct"] == pytest.approx(100 * 0.05 / 1.05)

@@ -8,7 +8,7 @@ def test_fresh_gradients_close_a_version_on_every_honest_workers_one_commit():
     spec = demo_spec(config)
     assert spec["version"] == {"contributions": 3, "deadline_s": FRESH_DEADLINE_S}
     assert spec["rollout"] == DEMO_SPEC["rollout"] and spec["chain"] == DEMO_SPEC["chain"]
-    assert role_settings(config, "worker") == {"max_per_version": 1}
+    assert role_settings(config, "worker") == {"max_per_version": 1, "sample_ahead": True}
     assert role_settings(config, "verifier") == {}
 
 
