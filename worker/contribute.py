@@ -38,7 +38,7 @@ from krill.worker.backoff import Backoff
 from krill.worker.behaviors import Behavior
 from krill.worker.errors import JailedError, NotStakedError, WorkerStateError
 from krill.worker.nonce_state import Pending, WorkerState
-from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource
+from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource, hand_over
 
 COMMITTED, STALE, ROLLOUTS_STALE = "committed", "stale", "rollouts-stale"
 
@@ -157,6 +157,7 @@ class Contributor:
         if b is None:
             b = self.newest()
         with phase("fetch_version"):
+            hand_over(self.behaviour, self.learner, b)
             engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
         nonce = self.state.reserve_nonce()

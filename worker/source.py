@@ -8,7 +8,10 @@ Design decisions:
 - Two policies, two model instances: the behaviour policy (a rollout engine) samples with the
   weights it has while newer versions appear; the learner computes gradients at the newest
   version the worker holds. Each follows its own version and reloads weights only when that
-  version changes, so asynchrony never mixes one policy's weights into the other.
+  version changes, so asynchrony never mixes one policy's weights into the other. When the
+  engine needs the version the learner holds (sampling ahead: every contribution samples where
+  the previous one learned), the two trade models instead (`hand_over`): one weight load per
+  contribution instead of two.
 - The cache is shared with the version watcher's thread (`krill.worker.watcher`), which fetches
   new versions ahead. A version is fetched once: a second caller waits for the fetch in flight,
   while look-ups of other versions go on (a worker sampling at a cached version never waits for
@@ -138,3 +141,17 @@ class LearnerPolicy:
             load_weights(self.model, state)
         self.version = version
         return self.model, state
+
+
+def hand_over(behaviour: BehaviourPolicy, learner: LearnerPolicy, version: int) -> bool:
+    """Let the engine sample at `version` with the learner's model when the learner holds `version` and the
+    engine does not: the two models trade places (both are `build_model`'s eval-mode models, and the
+    gradient pass leaves no `.grad` behind) instead of the engine copying the weights in, and the
+    learner loads its next version over the engine's old weights as it would have over its own.
+    A worker sampling ahead samples each contribution at the version the previous one learned at,
+    so this saves one weight load per contribution. Returns whether the models traded places."""
+    engine = behaviour.engine
+    if engine is None or learner.model is None or engine.version == version or learner.version != version:
+        return False
+    learner.model, learner.version = engine.trade_model(learner.model, version)
+    return True

@@ -75,6 +75,12 @@ class HFEngine(RolloutEngine):
             raise EngineError(f"state dict does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
         self._version = int(version)
 
+    def trade_model(self, model: torch.nn.Module, version: int) -> tuple[torch.nn.Module, int | None]:
+        """Serve `model`, which holds `version`'s weights, from now on; return the previous model and its version."""
+        old, old_version = self.model, self._version
+        self.model, self._version = model.eval(), int(version)
+        return old, old_version
+
     def load_directory(self, path: Path, version: int) -> None:
         from safetensors.torch import load_file
 
