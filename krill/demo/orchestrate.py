@@ -16,7 +16,8 @@ Design decisions:
   at the version it updates. Pipelined, the coordinator folded what arrived while it published,
   gradients computed one version back (mean staleness 1.0), and greedy accuracy fell by up to
   25 points for 50-100 versions mid-run in every demo of 2026-12-04; `krill train local
-  --stale-gradients` reproduces that dip in one process, and fresh demos climbed without it.
+  --stale-gradients` reproduces that dip in one process (`krill.rl.local_train`), and fresh
+  demos climbed without it.
   The workers sample ahead (`worker.sample_ahead`): their next rollouts are drawn while the
   coordinator folds, one version behind, and only the gradient waits for the new version.
 """

@@ -14,9 +14,12 @@ Design decisions:
 - Gradients are taken at the current version by default: stale rollouts, fresh gradient, the
   truncated importance weights correcting the drift. `stale_gradients` instead applies each
   version's contributions (sampled and differentiated at that version) one version later, as the
-  protocol does when its coordinator folds what arrived while it published; with the demo's
-  batch (6 workers x 16 prompts) that made greedy accuracy fall from 44% to 25% between versions
-  80 and 140 where fresh gradients climbed steadily (2026-12-04), the dip the pipelined demo showed.
+  protocol does when its coordinator folds what arrived while it published. With the demo's
+  batch (`--workers 6 --prompts-per-worker 16 --max-staleness 1 --stale-gradients`, 300 eval
+  prompts, 2026-12-04) greedy accuracy fell from 44.3% at version 80 to 24.7% at 140 (41.3% at
+  200); with fresh gradients (`--max-staleness 0`) it went from 44.0% to 55.3%: the dip the
+  pipelined demo showed. With stale rollouts as well (`--max-staleness 2`) it stalled at 38-41%
+  from version 60 to 120 (fresh gradients: 38.7% -> 49.0%).
   The first version's batch is then applied twice (at versions 0 and 1): nothing older exists.
 - The public mask reference is the shard optimizer's first moment (momentum): smoother than one
   aggregate, and public because any auditor can recompute it from the aggregation records.
