@@ -38,7 +38,7 @@ from krill.worker.backoff import Backoff
 from krill.worker.behaviors import Behavior
 from krill.worker.errors import JailedError, NotStakedError, WorkerStateError
 from krill.worker.nonce_state import Pending, WorkerState
-from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource, hand_over
+from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource
 
 COMMITTED, STALE, ROLLOUTS_STALE = "committed", "stale", "rollouts-stale"
 
@@ -97,8 +97,8 @@ class Contributor:
         self.chain, self.store, self.spec, self.source = chain, store, spec, source
         self.who, self.behavior, self.shards, self.state = who, behavior, list(shards), state
         self.backoff, self.echo = backoff, echo
-        self.behaviour = BehaviourPolicy(source)
         self.learner = LearnerPolicy(source)
+        self.behaviour = BehaviourPolicy(source, self.learner)
         self._seen_latest: tuple[int, float] | None = None  # (newest version, monotonic time) `make` last read
         self.watcher = None  # a started `VersionWatcher`, when the worker runs one
 
@@ -157,7 +157,6 @@ class Contributor:
         if b is None:
             b = self.newest()
         with phase("fetch_version"):
-            hand_over(self.behaviour, self.learner, b)
             engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
         tok, task = self.source.tokenizer, self.source.task
         nonce = self.state.reserve_nonce()

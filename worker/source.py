@@ -10,8 +10,8 @@ Design decisions:
   version the worker holds. Each follows its own version and reloads weights only when that
   version changes, so asynchrony never mixes one policy's weights into the other. When the
   engine needs the version the learner holds (sampling ahead: every contribution samples where
-  the previous one learned), the two trade models instead (`hand_over`): one weight load per
-  contribution instead of two.
+  the previous one learned), the two trade models instead (`BehaviourPolicy.hand_over`): one
+  weight load per contribution instead of two.
 - The cache is shared with the version watcher's thread (`krill.worker.watcher`), which fetches
   new versions ahead. A version is fetched once: a second caller waits for the fetch in flight,
   while look-ups of other versions go on (a worker sampling at a cached version never waits for
@@ -103,10 +103,12 @@ class RunSource:
 
 
 class BehaviourPolicy:
-    """The rollout engine, holding the weights of one version at a time."""
+    """The rollout engine, holding the weights of one version at a time; it takes over `learner`'s model
+    (`hand_over`) when that already holds the version it is asked for."""
 
-    def __init__(self, source: RunSource):
+    def __init__(self, source: RunSource, learner: LearnerPolicy | None = None):
         self.source = source
+        self.learner = learner
         self.engine = None
 
     def at(self, version: int):
@@ -118,9 +120,23 @@ class BehaviourPolicy:
             tok = self.source.tokenizer
             self.engine = HFEngine(build_model(state), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                                    version=version)
-        elif self.engine.version != version:
+        elif self.engine.version != version and not self.hand_over(version):
             self.engine.load_state_dict(state.all_tensors(), version)
         return self.engine
+
+    def hand_over(self, version: int) -> bool:
+        """Sample at `version` with the learner's model when the learner holds `version` and the engine
+        does not: the two models trade places (both are `build_model`'s eval-mode models, and the
+        gradient pass leaves no `.grad` behind) instead of the engine copying the weights in, and the
+        learner loads its next version over the engine's old weights as it would have over its own.
+        A worker sampling ahead samples each contribution at the version the previous one learned at,
+        so this saves one weight load per contribution. Returns whether the models traded places."""
+        learner, engine = self.learner, self.engine
+        if engine is None or learner is None or learner.model is None or engine.version == version \
+                or learner.version != version:
+            return False
+        learner.model, learner.version = engine.trade_model(learner.model, version)
+        return True
 
 
 class LearnerPolicy:
@@ -142,16 +158,3 @@ class LearnerPolicy:
         self.version = version
         return self.model, state
 
-
-def hand_over(behaviour: BehaviourPolicy, learner: LearnerPolicy, version: int) -> bool:
-    """Let the engine sample at `version` with the learner's model when the learner holds `version` and the
-    engine does not: the two models trade places (both are `build_model`'s eval-mode models, and the
-    gradient pass leaves no `.grad` behind) instead of the engine copying the weights in, and the
-    learner loads its next version over the engine's old weights as it would have over its own.
-    A worker sampling ahead samples each contribution at the version the previous one learned at,
-    so this saves one weight load per contribution. Returns whether the models traded places."""
-    engine = behaviour.engine
-    if engine is None or learner.model is None or engine.version == version or learner.version != version:
-        return False
-    learner.model, learner.version = engine.trade_model(learner.model, version)
-    return True

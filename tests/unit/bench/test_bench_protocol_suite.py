@@ -129,18 +129,20 @@ def test_growth_exponents_read_flat_and_linear():
     assert g["index_lag_s_median"]["reading"] == "not enough points"
 
 
-def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
-    def pipelined(t, total, foreground, **phases):
-        r = _record("a", t, total, **phases)
-        r["seconds"]["foreground"] = foreground
-        return r
+def _pipelined(t, total, foreground, **phases):
+    """A record of worker "a" that handed its submission to the background after `foreground` seconds."""
+    r = _record("a", t, total, **phases)
+    r["seconds"]["foreground"] = foreground
+    return r
 
+
+def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
     # Each contribution: 1.2 s on the critical path (1.0 RL, 0.1 chain read, 0.05 waiting for the previous
     # commit, 0.05 unnamed), then 0.35 s of save, upload and commit in the background.
-    records = [pipelined(10.0, 5.0, 4.5, rollout=4.0),
-               pipelined(11.6, 1.45, 1.2, rollout=0.8, gradient=0.2, chain_read=0.1, wait_submit=0.05,
+    records = [_pipelined(10.0, 5.0, 4.5, rollout=4.0),
+               _pipelined(11.6, 1.45, 1.2, rollout=0.8, gradient=0.2, chain_read=0.1, wait_submit=0.05,
                          save=0.1, chain_confirm=0.05),
-               pipelined(14.0, 1.45, 1.2, rollout=0.8, gradient=0.2, chain_read=0.1, wait_submit=0.05,
+               _pipelined(14.0, 1.45, 1.2, rollout=0.8, gradient=0.2, chain_read=0.1, wait_submit=0.05,
                          save=0.1, chain_confirm=0.05)]
     parts = worker_parts(records[1])
     assert parts["other"] == pytest.approx(0.05) and parts["upload"] == 0.05
@@ -157,15 +159,10 @@ def test_a_pipelined_workers_upload_and_commit_are_overlapped_not_busy():
 
 
 def test_a_sampled_ahead_contributions_wait_for_the_next_version_is_waiting_not_busy():
-    def ahead(t, total, foreground, **phases):
-        r = _record("a", t, total, **phases)
-        r["seconds"]["foreground"] = foreground
-        return r
-
     # The second contribution: 1.0 s of RL work, 0.05 s unnamed, and 0.6 s waiting for the next version
     # between its rollouts and its gradient.
-    records = [ahead(10.0, 5.0, 4.5, rollout=4.0),
-               ahead(12.0, 1.95, 1.65, rollout=0.8, gradient=0.2, wait_version=0.6, chain_confirm=0.05)]
+    records = [_pipelined(10.0, 5.0, 4.5, rollout=4.0),
+               _pipelined(12.0, 1.95, 1.65, rollout=0.8, gradient=0.2, wait_version=0.6, chain_confirm=0.05)]
     parts = worker_parts(records[1])
     assert parts["other"] == pytest.approx(0.05)
     w = worker_breakdown(records)
