@@ -157,4 +157,3 @@ class LearnerPolicy:
             load_weights(self.model, state)
         self.version = version
         return self.model, state
-
