@@ -8,7 +8,8 @@ Design decisions:
   lower address). Anyone can recompute the split from the record.
 - The contract settles a version once, with at most MAX_SETTLE_BATCH (64) accounts: when more
   workers took part, the 64 with the largest weights share the reward (ties: lower address).
-- Idempotent: the chain's `settled` flag is read first, so a restart never pays twice.
+- Idempotent: the chain's `settled` flag is read first, so a restart never pays twice (skipped only
+  right after this process published the version, when nobody can have settled it).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def reward_split(total: int, accepted: list[dict], max_accounts: int = MAX_SETTL
     return sorted((a, n) for a, n in amounts.items() if n > 0)
 
 
-def settle_version(ctx, version: int) -> tuple[list[tuple[str, int]], str | None]:
-    """Credit `version`'s rewards (once); returns the split and a note when nothing was paid."""
+def settle_version(ctx, version: int, unsettled: bool = False) -> tuple[list[tuple[str, int]], str | None]:
+    """Credit `version`'s rewards (once); returns the split and a note when nothing was paid.
+
+    `unsettled`: the caller knows the chain has not settled `version` (this process published it a
+    moment ago, and only the run's coordinator settles), which saves reading the flag."""
     with ctx.db.session() as s:
         row = s.get(VersionDecision, (ctx.run_hex, version))
     split, note = [], None
-    if not ctx.chain.version_of(ctx.run_id, version).settled:
+    if unsettled or not ctx.chain.version_of(ctx.run_id, version).settled:
         pool = ctx.chain.run_of(ctx.run_id).reward_pool
         total = min(ctx.spec.chain.reward_per_version, pool)
         split = reward_split(total, row.accepted)

@@ -10,10 +10,12 @@ Design decisions:
   state directory lost), the next nonce is recovered from this worker's `Committed` events, so a
   wiped disk cannot make the worker reuse a nonce.
 - The stake is looked at again whenever a new version is published (not before every
-  contribution: those chain reads were a fifth of the per-contribution overhead), in the
-  background thread just before the next commit: a worker slashed and jailed meanwhile stops with
-  a clear message instead of sending commits the contract refuses, and a commit the contract
-  refuses for the stake in between stops it the same way.
+  contribution: those chain reads were a fifth of the per-contribution overhead): by the version
+  watcher once it has fetched the version (off every contribution's path; the loop raises what it
+  found before submitting more), or, without a watcher, in the background thread just before the
+  next commit. A worker slashed and jailed meanwhile stops with a clear message instead of sending
+  commits the contract refuses, and a commit the contract refuses for the stake in between stops
+  it the same way.
 - The newest version a contribution read after sampling (its learner version) is the next
   contribution's behaviour version when it is under `REUSE_LATEST_S` old, instead of a second read
   moments later: chain reads were a fifth of the critical path.
@@ -184,7 +186,9 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
     pipeline = SubmitPipeline(s.contributor)
     if config.worker.watch_interval_s > 0:
-        s.contributor.watcher = VersionWatcher(s.contributor.source, config.worker.watch_interval_s).start()
+        s.contributor.watcher = VersionWatcher(
+            s.contributor.source, config.worker.watch_interval_s,
+            on_new_version=lambda _: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key)).start()
     try:
         _contribute_loop(s, config, pipeline, report, per_version, lambda: committed, limit, check_stake)
     finally:
@@ -202,7 +206,10 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
 
     cap = config.worker.max_per_version
     checked_at: int | None = None  # the newest version seen when a submission last took the stake check
+    watcher = s.contributor.watcher
     while True:
+        if watcher is not None and watcher.problem is not None:
+            raise watcher.problem
         if pipeline.done():
             report(pipeline.wait())
         if limit is not None and committed() + pipeline.in_flight >= limit:
@@ -233,5 +240,10 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
                 previous = pipeline.wait()
         report(previous)
         freeze_heap()  # once per process: the models are loaded by the first contribution
+        if watcher is not None:  # the watcher checks the stake once per new version
+            if watcher.problem is not None:
+                raise watcher.problem
+            pipeline.start(made, phases)
+            continue
         pipeline.start(made, phases, before=check_stake if latest != checked_at else None)
         checked_at = latest

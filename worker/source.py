@@ -18,7 +18,10 @@ Design decisions:
   the watcher's fetch of the next one, which a single lock around fetches made it do). A fetch
   also derives the version's gradient masks (momentum top-k, ~25 ms on the demo model), which
   the learner needs for every contribution at it: computed ahead, they left the critical path,
-  where they had been a tenth of a demo worker's CPU.
+  where they had been a tenth of a demo worker's CPU. The watcher announces a new version once its
+  shards are here and derives the masks after, while the learner runs its forward and backward
+  passes; the masks are needed only at the end of those (`VersionState.masks` makes a learner
+  that gets there first wait for them rather than derive them twice).
 - The tokenizer and task are fixed for the run (manifest tokenizer CID, spec task) and loaded once.
 """
 
@@ -48,7 +51,9 @@ class RunSource:
     def latest(self) -> int:
         return int(self.chain.run_of(self.spec.run_id).latest_version)
 
-    def version(self, version: int) -> VersionState:
+    def version(self, version: int, derive_masks: bool = True) -> VersionState:
+        """Version `version`, fetched and verified (shards included) on first use; `derive_masks`: also
+        derive its gradient masks before returning (the watcher derives them after announcing it)."""
         from krill.protocol.state import load_chain_version
 
         while True:
@@ -67,7 +72,8 @@ class RunSource:
             try:
                 state = load_chain_version(self.chain, self.store, self.spec, version)
                 state.all_tensors()  # fetch every shard now, while the caller handles outages
-                state.masks()
+                if derive_masks:
+                    state.masks()
                 with self._lock:
                     self._states[version] = state
                     while len(self._states) > self.keep:

@@ -89,6 +89,7 @@ COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("settle", "settle rewards (transaction)"),
     ("index", "index sync (chain events)"),
     ("slash", "slash check"),
+    ("prepare", "masks of the newest version (while waiting)"),
     ("eval", "evaluation (not protocol)"),
 )
 
@@ -215,11 +216,11 @@ def coordinator_parts(row: dict) -> dict[str, float] | None:
     if not p:
         return None
     parts = {k: p.get(k, 0.0) for k in ("fetch", "validate", "replay", "close", "aggregate", "optimizer", "store",
-                                        "publish_tx", "settle", "index", "slash", "eval")}
+                                        "publish_tx", "settle", "index", "slash", "prepare", "eval")}
     parts["ingest_other"] = max(0.0, p.get("ingest", 0.0) - parts["fetch"] - parts["validate"] - parts["replay"])
     parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
                                  - parts["store"] - parts["publish_tx"])
-    busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "eval"))
+    busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "prepare", "eval"))
     # The coordinator's own clock when it has one (block timestamps count whole seconds).
     wall = row.get("clock_seconds", row.get("wall_seconds"))
     return parts | {"busy": busy, "wall": float(wall or 0.0), "accepted": row["accepted"]}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -112,9 +113,10 @@ class RunSpec(_Part):
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
 
-    @property
+    @cached_property
     def run_id(self) -> bytes:
-        """The on-chain run id: sha256 of the encoded spec."""
+        """The on-chain run id: sha256 of the encoded spec (cached: the spec is frozen, and every role
+        asks for it many times per version)."""
         return hashlib.sha256(self.encode()).digest()
 
     @property

@@ -14,6 +14,7 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,10 @@ class VersionState:
     _tensors: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    # Held while the masks are derived: a worker's version watcher derives them while its learner
+    # computes a gradient that needs them, and the learner then waits for them instead of deriving
+    # them a second time.
+    _masks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def preload(self, shard: int, tensors: dict[str, torch.Tensor], optimizer_state: bytes | None) -> None:
         """Set `shard`'s tensors and optimizer state from memory: the ones this version's manifest and
@@ -76,14 +81,17 @@ class VersionState:
 
     def masks(self) -> dict[str, torch.Tensor]:
         """The public masks of gradients computed at this version (every tensor of every shard)."""
-        if self._masks is None:
-            references: dict[str, torch.Tensor] = {}
-            for shard in range(self.manifest.num_shards):
-                blob = self.optimizer_state(shard)
-                if blob is not None:
-                    references.update(momentum_from_state(blob))
-            self._masks = shared_masks(self.shapes(), references or None, self.spec.compression,
-                                       self.spec.run_id.hex(), self.version)
+        if self._masks is not None:
+            return self._masks
+        with self._masks_lock:
+            if self._masks is None:
+                references: dict[str, torch.Tensor] = {}
+                for shard in range(self.manifest.num_shards):
+                    blob = self.optimizer_state(shard)
+                    if blob is not None:
+                        references.update(momentum_from_state(blob))
+                self._masks = shared_masks(self.shapes(), references or None, self.spec.compression,
+                                           self.spec.run_id.hex(), self.version)
         return self._masks
 
 

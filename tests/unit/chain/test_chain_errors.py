@@ -65,3 +65,19 @@ def test_snake_case():
     assert E.snake_case("ed25519PublicKey") == "ed25519_public_key"
     assert E.snake_case("existingCommitId") == "existing_commit_id"
     assert E.snake_case("token_") == "token"
+
+
+def test_raw_eth_call_errors_become_reverts_or_chain_errors():
+    from krill.chain.tx import call_error
+
+    cls = E.CommitUnknown
+    data = "0x" + (cls.selector + encode(list(cls.arg_types), [9])).hex()
+    anvil = call_error({"code": 3, "message": "execution reverted: custom error", "data": data}, "commitOf")
+    assert type(anvil) is E.CommitUnknown and anvil.revert_args == (9,) and str(anvil).startswith("commitOf: ")
+    nested = call_error({"code": -32000, "message": "execution reverted", "data": {"data": data}}, "commitOf")
+    assert type(nested) is E.CommitUnknown
+    reason = call_error({"code": 3, "message": "execution reverted: not allowed"}, "runOf")
+    assert type(reason) is E.ContractRevertReason and reason.revert_args == ("not allowed",)
+    other = call_error({"code": -32602, "message": "invalid argument 0"}, "runOf")
+    assert type(other) is ChainError and not isinstance(other, ContractRevert)
+    assert "runOf" in str(other) and "invalid argument 0" in str(other)

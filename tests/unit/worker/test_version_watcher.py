@@ -23,8 +23,21 @@ class ScriptedSource:
             raise answer
         return answer
 
-    def version(self, v):
+    def version(self, v, derive_masks=True):
         self.fetched.append(v)
+        return FakeState(self, v, derive_masks)
+
+
+class FakeState:
+    """A fetched version whose `masks()` records when it ran."""
+
+    def __init__(self, source, version, derived):
+        self.source, self.version = source, version
+        if derived:
+            self.masks()
+
+    def masks(self):
+        self.source.masks_of = getattr(self.source, "masks_of", []) + [self.version]
 
 
 def _wait_for(condition, timeout=5.0):
@@ -112,12 +125,13 @@ class SlowFetchSource(ScriptedSource):
         self.release = threading.Event()
         self.fail_on = fail_on
 
-    def version(self, v):
+    def version(self, v, derive_masks=True):
         if self.fetched:  # the first version is fetched at once
             self.release.wait(5.0)
         self.fetched.append(v)
         if v == self.fail_on:
             raise ConnectionError("store down")
+        return FakeState(self, v, derive_masks)
 
 
 def test_a_new_version_is_reported_only_once_its_shards_are_fetched():
@@ -186,3 +200,40 @@ def test_run_source_serves_cached_versions_while_another_is_fetched(monkeypatch)
     with pytest.raises(ConnectionError, match="store down"):
         source.version(2)
     assert source.version(2).v == 2 and calls == [0, 1, 2, 2]
+
+
+def test_a_new_version_is_announced_before_its_masks_are_derived_then_the_stake_is_checked():
+    from krill.worker.errors import JailedError
+
+    source = ScriptedSource([5])
+    seen_at_check: list = []
+
+    def check(version):
+        seen_at_check.append((version, watcher.latest(), list(source.masks_of)))
+        raise JailedError("worker 0xabc is jailed")
+
+    watcher = VersionWatcher(source, interval_s=0.01, on_new_version=check)
+    announced: list = []
+    original = watcher._notify
+    watcher._notify = lambda: (announced.append((watcher.latest(), list(getattr(source, "masks_of", [])))),
+                               original())
+    watcher.poll()
+    assert announced == [(5, [])]  # waiters woke with version 5 before its masks existed
+    assert source.masks_of == [5] and seen_at_check == [(5, 5, [5])]
+    assert isinstance(watcher.problem, JailedError) and "stake_check" in watcher.phases
+    watcher.poll()  # the same version: no second fetch, masks or check
+    assert source.fetched == [5] and len(seen_at_check) == 1
+
+
+def test_an_unreachable_chain_during_the_stake_check_is_only_an_error():
+    source = ScriptedSource([2])
+
+    def check(version):
+        raise ConnectionError("chain down")
+
+    watcher = VersionWatcher(source, interval_s=0.01, on_new_version=check).start()
+    try:
+        assert _wait_for(lambda: watcher.errors >= 1)
+        assert watcher.problem is None and watcher.latest() == 2
+    finally:
+        watcher.stop()
