@@ -73,6 +73,7 @@ class KrillChain(ProtocolViews):
     def reset_nonces(self) -> None:
         """Forget cached nonces of every account on this connection (after a devnet revert)."""
         self._tx.nonces.reset()
+        self._tx.forget_fees()
 
     def block_number(self) -> int:
         return with_retries(lambda: self.w3.eth.block_number, "eth_blockNumber", self._retry, endpoint_of(self.w3))
