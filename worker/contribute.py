@@ -15,9 +15,10 @@ Design decisions:
   restart after the commit landed), and it treats a duplicate revert the same way (a retry after
   a receipt was lost). A fresh contribution skips the look-up: its nonce was never saved before,
   so its digest cannot be on-chain, and the duplicate-revert path covers the impossible case.
-- Making (`make`: sample, learn, package, sign) and saving (`save`) are separate steps so that the
-  worker's loop can make the next contribution while the previous one is saved, uploaded and
-  committed in the background (`krill.worker.pipeline`); `contribute` runs all of it in this thread.
+- Making (`make`: sample, learn), packaging (`package`: compress, serialise, hash, sign) and saving
+  (`save`) are separate steps so that the worker's loop can make the next contribution while the
+  previous one is packaged, saved, uploaded and committed in the background
+  (`krill.worker.pipeline`); `contribute` runs all of it in this thread.
 - Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
@@ -89,6 +90,21 @@ class Outcome:
         return " | ".join(parts)
 
 
+@dataclass
+class Made:
+    """A contribution sampled and learned, not yet packaged (`Contributor.package` compresses and signs it)."""
+
+    work: object  # the `behaviors.Work` it was made with
+    sampled: object  # `protocol.work.Sampled` (rewards as reported)
+    learned: object  # `protocol.work.Learned` (gradients as the behaviour submits them)
+    nonce: int
+    behaviour_version: int
+    model_version: int  # the version it is committed under
+    summary: dict
+    seconds: dict
+    started: float  # `perf_counter` when the caller began it
+
+
 class Contributor:
     """Makes and submits contributions for one worker in one run."""
 
@@ -132,17 +148,19 @@ class Contributor:
             return self.submit(*prepared, resumed=False)
 
     def prepare(self):
-        """`make`, then `save`: the arguments of `submit`, or the Outcome of rollouts that went stale."""
+        """`make`, `package`, then `save`: the arguments of `submit`, or the Outcome of rollouts that went
+        stale."""
         made = self.make()
         if isinstance(made, Outcome):
             return made
-        self.save(made)
-        return made
+        packaged = self.package(made)
+        self.save(packaged)
+        return packaged
 
     def make(self, behaviour_version: int | None = None, started: float | None = None,
              learn_after: int | None = None, poll_s: float = 0.5):
-        """Sample, learn, package and sign a contribution, nothing saved yet; returns the arguments of
-        `submit` (save them first), or the Outcome of rollouts that went stale while they were sampled.
+        """Sample and learn a contribution, nothing signed or saved yet: a `Made` for `package`, or the
+        Outcome of rollouts that went stale while they were sampled.
 
         `behaviour_version`: the newest version as the caller just read it (saves a chain read);
         `started`: when the caller began this contribution (`perf_counter`; default now);
@@ -187,13 +205,19 @@ class Contributor:
         work.learner, work.learner_state = model, learner_state
         learned.values = self.behavior.gradients(work, sampled, learned.values)
         seconds["learn"] = learned.seconds
+        return Made(work, sampled, learned, nonce, b, self.behavior.commit_version(work, v, v), summary, seconds,
+                    started)
+
+    def package(self, made: Made):
+        """Compress, serialise, hash and sign a `Made` contribution: the arguments of `submit` (save them
+        first). A pipelined worker runs this in its submission thread (`krill.worker.pipeline`)."""
         t = time.perf_counter()
-        header, files = self.behavior.sign(work, sampled, learned)
+        header, files = self.behavior.sign(made.work, made.sampled, made.learned)
         header_bytes = header.encode()
-        pending = Pending(model_version=self.behavior.commit_version(work, v, v), behaviour_version=b, nonce=nonce,
-                          digest=header.digest.hex(), files=sorted(files), summary=summary)
-        seconds["package"] = time.perf_counter() - t
-        return pending, header_bytes, files, seconds, started
+        pending = Pending(model_version=made.model_version, behaviour_version=made.behaviour_version,
+                          nonce=made.nonce, digest=header.digest.hex(), files=sorted(files), summary=made.summary)
+        seconds = dict(made.seconds) | {"package": time.perf_counter() - t}
+        return pending, header_bytes, files, seconds, made.started
 
     def save(self, made) -> None:
         """Make a contribution from `make` durable and name it as pending (before any upload or commit)."""

@@ -3,8 +3,9 @@
 Design decisions:
 - At most one submission is in flight: `WorkerState` names one pending contribution at a time,
   and the next one is handed over only after the previous submission finished (`wait`). A
-  submission is the durable save, the upload, the commit transaction and its receipt wait of
-  contribution n, overlapped with the sampling and learning of contribution n + 1, the RL work;
+  submission is the packaging (compression, serialisation, hashing, signing), the durable save,
+  the upload, the commit transaction and its receipt wait of contribution n, overlapped with the
+  sampling and learning of contribution n + 1, the RL work;
   the main thread waits only if a submission takes longer than making the next contribution
   (recorded as the phase `wait_submit`).
 - Crash safety is unchanged: the submission saves the contribution as pending before it uploads
@@ -52,24 +53,24 @@ class SubmitPipeline:
         return self._busy
 
     def start(self, made, phases: dict[str, float], before: Callable[[], None] | None = None) -> None:
-        """Save and submit a contribution from `Contributor.make` in the background; `before` (the stake
-        check) runs first in the same thread, recorded as the phase `stake_check`."""
+        """Package, save and submit a `Made` contribution (`Contributor.make`) in the background; `before`
+        (the stake check) runs first in the same thread, recorded as the phase `stake_check`."""
         if self._busy:
             raise RuntimeError("a submission is already in flight")
-        pending, header, files, seconds, started = made
-        seconds = dict(seconds) | {"foreground": time.perf_counter() - started}
-        made = (pending, header, files, seconds, started)
+        made.seconds = dict(made.seconds) | {"foreground": time.perf_counter() - made.started}
         self._result, self._error = None, None
-        self.model_version = pending.model_version
+        self.model_version = made.model_version
 
         def run() -> None:
-            threading.current_thread().name = f"submit-nonce-{pending.nonce}"
+            threading.current_thread().name = f"submit-nonce-{made.nonce}"
             try:
                 with recording(phases):
                     if before is not None:
                         with phase("stake_check"):
                             before()
-                    self.contributor.save(made)
+                    packaged = self.contributor.package(made)
+                    self.contributor.save(packaged)
+                    pending, header, files, seconds, started = packaged
                     self._result = self.contributor.submit(pending, header, files, seconds, started, resumed=False)
             except BaseException as exc:  # noqa: BLE001 - handed to the main thread by `wait`
                 self._error = exc

@@ -22,10 +22,12 @@ Design decisions:
   fetch, chain reads (latest version, stake, commit lookup), waiting for the previous commit,
   upload, chain transaction and confirmation, and the rest ('other': bookkeeping between
   phases). Target: under 5%.
-- Busy time is the critical path. A worker submits a contribution (stake check when a version is
-  new, durable save, upload, transaction, receipt) in a background thread while it makes the next (`krill.worker.pipeline`); those parts are
-  reported as overlapped, and only what the main loop waited for them (`wait_submit`) counts as
-  busy. A record without `seconds.foreground` (a worker submitting in line) counts whole.
+- Busy time is the critical path. A worker submits a contribution (packaging: compression,
+  serialisation, hashing and signing; the stake check when a version is new and no version
+  watcher runs; durable save, upload, transaction, receipt) in a background thread while it makes
+  the next (`krill.worker.pipeline`); those parts are reported as overlapped, and only what the
+  main loop waited for them (`wait_submit`) counts as busy. A record without
+  `seconds.foreground` (a worker submitting in line) counts whole.
 - Sizes: `tiny` (CI smoke: a tiny random model, 2 workers, under a minute of training) and
   `default` (the default base model, 4 workers, 4 minutes of training; under 5 minutes in all).
 """
@@ -73,7 +75,8 @@ WORKER_PARTS: tuple[tuple[str, str, bool], ...] = (
     ("other", "other (bookkeeping)", False),
 )
 # Parts a pipelined worker runs in the background, overlapped with its next contribution.
-BACKGROUND_PARTS = ("stake_check", "save", "upload", "chain_tx", "chain_confirm")
+BACKGROUND_PARTS = ("compress", "encode_rollouts", "hash_sign", "stake_check", "save", "upload", "chain_tx",
+                    "chain_confirm")
 # Coordinator phases: (key, label); `ingest` and `publish` are split into their parts plus a rest.
 COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("fetch", "fetch contributions (store)"),

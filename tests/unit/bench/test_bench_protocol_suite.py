@@ -170,3 +170,18 @@ def test_a_sampled_ahead_contributions_wait_for_the_next_version_is_waiting_not_
     # Gap: starts at 5.0 and 10.05, the first's main-loop time ends at 9.5; plus the 0.6 s version wait.
     assert w["waiting_seconds"] == pytest.approx(0.55 + 0.6)
     assert w["overhead_pct"] == pytest.approx(100 * 0.05 / 1.05)
+
+
+def test_a_pipelined_workers_packaging_is_overlapped_and_an_inline_workers_is_busy():
+    pipelined = [_pipelined(10.0, 5.0, 4.5, rollout=4.0),
+                 _pipelined(12.0, 1.3, 1.05, rollout=0.8, gradient=0.2, compress=0.03, hash=0.01, sign=0.01,
+                            encode_rollouts=0.01, chain_confirm=0.05)]
+    w = worker_breakdown(pipelined)
+    rows = {row["part"]: row for row in w["parts"]}
+    assert rows["compress"]["seconds"] == 0 and rows["compress"]["overlapped_seconds"] == pytest.approx(0.03)
+    assert rows["hash_sign"]["overlapped_seconds"] == pytest.approx(0.02)
+    assert w["overhead_pct"] == pytest.approx(100 * 0.05 / 1.05)  # only the unnamed rest is on the critical path
+    inline = [_record("a", 10.0, 5.0, rollout=4.0),
+              _record("a", 16.0, 1.1, rollout=0.8, gradient=0.2, compress=0.03, hash=0.01, sign=0.01)]
+    rows = {row["part"]: row for row in worker_breakdown(inline)["parts"]}
+    assert rows["compress"]["seconds"] == pytest.approx(0.03) and rows["hash_sign"]["seconds"] == pytest.approx(0.02)

@@ -20,9 +20,14 @@ class _Submitter:
     def __init__(self, fail: BaseException | None = None):
         self.release, self.fail, self.calls, self.saved = threading.Event(), fail, [], []
 
-    def save(self, made) -> None:
+    def package(self, made):
+        with phase("hash_sign"):
+            pending = SimpleNamespace(nonce=made.nonce, model_version=made.model_version)
+        return pending, b"h", {"f": b"x"}, made.seconds, made.started
+
+    def save(self, packaged) -> None:
         with phase("save"):
-            self.saved.append(made[0].nonce)
+            self.saved.append(packaged[0].nonce)
 
     def submit(self, pending, header, files, seconds, started, resumed):
         assert self.saved[-1] == pending.nonce  # saved before anything is submitted
@@ -36,7 +41,7 @@ class _Submitter:
 
 
 def _made(nonce: int):
-    return (SimpleNamespace(nonce=nonce, model_version=7), b"h", {"f": b"x"}, {"sample": 0.1}, time.perf_counter())
+    return SimpleNamespace(nonce=nonce, model_version=7, seconds={"sample": 0.1}, started=time.perf_counter())
 
 
 def test_one_submission_in_flight_and_its_outcome_carries_both_threads_phases():
@@ -53,7 +58,7 @@ def test_one_submission_in_flight_and_its_outcome_carries_both_threads_phases():
     sub.release.set()
     outcome = pipe.wait()
     assert outcome.nonce == 3 and sub.calls == [(3, b"h", {"f": b"x"}, False)] and sub.saved == [3]
-    assert {"rollout", "save", "chain_confirm"} <= set(outcome.phases)
+    assert {"rollout", "hash_sign", "save", "chain_confirm"} <= set(outcome.phases)  # packaged in the background
     assert 0 <= outcome.seconds["foreground"] and outcome.seconds["sample"] == 0.1
     assert not pipe.in_flight and pipe.model_version is None
 
