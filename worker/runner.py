@@ -186,9 +186,12 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
     pipeline = SubmitPipeline(s.contributor)
     if config.worker.watch_interval_s > 0:
+        from krill.chain.heads import HeadWaiter
+
         s.contributor.watcher = VersionWatcher(
             s.contributor.source, config.worker.watch_interval_s,
-            on_new_version=lambda _: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key)).start()
+            on_new_version=lambda _: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
+            heads=HeadWaiter.for_chain(s.chain)).start()
     try:
         _contribute_loop(s, config, pipeline, report, per_version, lambda: committed, limit, check_stake)
     finally:

@@ -47,9 +47,8 @@ class VersionState:
     _tensors: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
-    # Held while the masks are derived: a worker's version watcher derives them while its learner
-    # computes a gradient that needs them, and the learner then waits for them instead of deriving
-    # them a second time.
+    # Held while the masks are derived: two threads that need them (a worker's version watcher and
+    # its learner) derive them once.
     _masks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def preload(self, shard: int, tensors: dict[str, torch.Tensor], optimizer_state: bytes | None) -> None:

@@ -23,18 +23,17 @@ class ScriptedSource:
             raise answer
         return answer
 
-    def version(self, v, derive_masks=True):
+    def version(self, v):
         self.fetched.append(v)
-        return FakeState(self, v, derive_masks)
+        return FakeState(self, v)
 
 
 class FakeState:
     """A fetched version whose `masks()` records when it ran."""
 
-    def __init__(self, source, version, derived):
+    def __init__(self, source, version):
         self.source, self.version = source, version
-        if derived:
-            self.masks()
+        self.masks()  # `RunSource.version` derives them as part of the fetch
 
     def masks(self):
         self.source.masks_of = getattr(self.source, "masks_of", []) + [self.version]
@@ -125,13 +124,13 @@ class SlowFetchSource(ScriptedSource):
         self.release = threading.Event()
         self.fail_on = fail_on
 
-    def version(self, v, derive_masks=True):
+    def version(self, v):
         if self.fetched:  # the first version is fetched at once
             self.release.wait(5.0)
         self.fetched.append(v)
         if v == self.fail_on:
             raise ConnectionError("store down")
-        return FakeState(self, v, derive_masks)
+        return FakeState(self, v)
 
 
 def test_a_new_version_is_reported_only_once_its_shards_are_fetched():
@@ -202,7 +201,7 @@ def test_run_source_serves_cached_versions_while_another_is_fetched(monkeypatch)
     assert source.version(2).v == 2 and calls == [0, 1, 2, 2]
 
 
-def test_a_new_version_is_announced_before_its_masks_are_derived_then_the_stake_is_checked():
+def test_a_new_version_is_announced_with_its_masks_then_the_stake_is_checked():
     from krill.worker.errors import JailedError
 
     source = ScriptedSource([5])
@@ -218,7 +217,7 @@ def test_a_new_version_is_announced_before_its_masks_are_derived_then_the_stake_
     watcher._notify = lambda: (announced.append((watcher.latest(), list(getattr(source, "masks_of", [])))),
                                original())
     watcher.poll()
-    assert announced == [(5, [])]  # waiters woke with version 5 before its masks existed
+    assert announced == [(5, [5])]  # waiters woke with version 5 and its masks
     assert source.masks_of == [5] and seen_at_check == [(5, 5, [5])]
     assert isinstance(watcher.problem, JailedError) and "stake_check" in watcher.phases
     watcher.poll()  # the same version: no second fetch, masks or check

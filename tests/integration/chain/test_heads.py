@@ -1,0 +1,56 @@
+"""Waking on new blocks: Anvil's newHeads subscription, and plain sleeps where there is none."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from krill.chain.anvil import AnvilProcess, free_port
+from krill.chain.heads import HeadWaiter, ws_url_of
+from krill.chain.rpc import connect_http, mine
+
+
+@pytest.fixture(scope="module")
+def node():
+    with AnvilProcess.start() as anvil:
+        yield anvil
+
+
+def test_ws_url_of_http_urls():
+    assert ws_url_of("http://127.0.0.1:8545") == "ws://127.0.0.1:8545"
+    assert ws_url_of("https://rpc.example/v1") == "wss://rpc.example/v1"
+    assert ws_url_of(None) is None and ws_url_of("ipc:///tmp/x") is None
+
+
+def test_a_block_wakes_the_waiter_at_once_and_piled_up_announcements_wake_it_once(node):
+    w3 = connect_http(node.rpc_url)
+    waiter = HeadWaiter(node.rpc_url)
+    try:
+        assert waiter.subscribed()
+        started = time.monotonic()
+        assert waiter.wait(0.05) is False and time.monotonic() - started < 1.0  # nothing mined: the timeout
+        timer = threading.Timer(0.2, lambda: mine(w3, 1))
+        timer.start()
+        started = time.monotonic()
+        assert waiter.wait(10.0) is True
+        assert 0.15 < time.monotonic() - started < 5.0 and waiter.announced == 1
+        mine(w3, 3)
+        time.sleep(0.2)  # three announcements arrive
+        assert waiter.wait(1.0) is True
+        assert waiter.wait(0.1) is False  # drained: one wake-up for the three
+    finally:
+        waiter.close()
+
+
+def test_without_a_websocket_the_waiter_sleeps_the_timeout_and_honours_stop():
+    waiter = HeadWaiter(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert not waiter.subscribed()
+    started = time.monotonic()
+    assert waiter.wait(0.2) is False and time.monotonic() - started >= 0.19
+    stop = threading.Event()
+    stop.set()
+    started = time.monotonic()
+    assert waiter.wait(5.0, stop) is False and time.monotonic() - started < 0.5
+    assert HeadWaiter(None).wait(0.01) is False  # an in-process chain: no URL
