@@ -12,6 +12,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,6 +92,13 @@ def set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def lower_priority(nice: int) -> None:
+    """Lower this process's CPU priority by `nice` (a role section's `nice`); a no-op at 0 or where the
+    platform has no `os.nice`."""
+    if nice > 0 and hasattr(os, "nice"):
+        os.nice(nice)
 
 
 _HEAP_FROZEN = False

@@ -89,12 +89,14 @@ def _run(config, bar, max_attestations: int | None) -> None:
     import torch
 
     from krill.commands.role_cmds import password_prompt
-    from krill.runtime import role_state_dir, set_threads
+    from krill.runtime import lower_priority, role_state_dir, set_threads
     from krill.verifier.attest import Who
     from krill.verifier.loop import DEVNET_CHAIN_IDS, LoopSettings, VerifierLoop
     from krill.verifier.state import VerifierState
 
     set_threads(config.verifier.threads)
+
+    lower_priority(config.verifier.nice)
     state, first = None, 0
 
     def echo(line: str) -> None:

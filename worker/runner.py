@@ -152,9 +152,11 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
     `on_outcome` sees each outcome after its status line (the CLI's progress bar); `prompt` asks for the
     keystore password when the configuration has none."""
-    from krill.runtime import set_threads
+    from krill.runtime import lower_priority, set_threads
 
     set_threads(config.worker.threads)
+
+    lower_priority(config.worker.nice)
     behavior = behavior or config.worker.behavior
     limit = max_contributions if max_contributions is not None else config.worker.max_contributions
     session = open_session(config, behavior, echo, prompt)

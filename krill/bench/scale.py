@@ -160,7 +160,7 @@ def run_scale(size: str = "default", echo: Callable[[str], None] = print, keep: 
             # Pipelined (two commits per worker and version): the load on the roles is what is measured.
             config = DemoConfig(workers=n, adversaries=0, verifiers=1, minutes=s["minutes"], shards=2,
                                 eval_every=1000, spec_overrides=SPEC, model_dir=model, release=False,
-                                explorer_port=None, audit_last=0, fresh_gradients=False)
+                                explorer_port=None, audit_last=0, fresh_gradients=False, verifier_nice=0)
             echo(f"scale: {n} workers, {s['minutes']} min ...")
             demo = run_probed_demo(config, root / f"demo-{n}", echo=lambda line: None)
             point = point_figures(demo, n)

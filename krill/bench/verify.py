@@ -118,7 +118,7 @@ def run_verify(size: str = "default", echo: Callable[[str], None] = print, keep:
         model = model_dir(s["model"], root)
         config = DemoConfig(workers=s["workers"], adversaries=0, verifiers=1, minutes=s["minutes"], shards=2,
                             eval_every=1000, spec_overrides=spec, model_dir=model, release=False, explorer_port=None,
-                            audit_last=0)
+                            audit_last=0, verifier_nice=0)
         echo(f"verify: demo with {s['workers']} honest workers and a verifier checking every commit, "
              f"{s['minutes']} min on the {s['model']} model ...")
         demo = run_probed_demo(config, root / "demo", echo=lambda line: echo(f"  {line}"))

@@ -166,22 +166,21 @@ class Indexer:
         first = self.next_block()
         safe = self.safe_head()
         report = SyncReport(from_block=first, next_block=first, safe_head=safe)
-        while True:
-            start = self.next_block()
-            if start > safe:
-                break
+        start = first
+        while start <= safe:
             end = min(safe, start + self.batch_blocks - 1)
             events, stamped = self._logs(start, end)
             times = self._block_times(events, stamped)
             with self.db.write() as session:
                 meta = self._meta(session)
-                if meta.next_block != start:  # another indexer applied this range meanwhile
+                if meta.next_block != start:  # another indexer applied this range meanwhile: go on from its cursor
+                    start = meta.next_block
                     continue
                 for event in events:
                     report.events += apply_event(session, event, times[event.block_number], self.trust_prior)
                 meta.next_block = end + 1
             report.batches += 1
-            report.next_block = end + 1
+            report.next_block = start = end + 1
         if self.store is not None:
             self.fetch_content(report)
         return report

@@ -20,6 +20,10 @@ Design decisions:
   demos climbed without it.
   The workers sample ahead (`worker.sample_ahead`): their next rollouts are drawn while the
   coordinator folds, one version behind, and only the gradient waits for the new version.
+- The verifiers run at a lower CPU priority (`verifier.nice` = 10): every role shares the same
+  few cores here, a version waits for the workers and the coordinator, and a verifier's checks
+  have a window of blocks. The benchmarks that measure the verifiers or the system's load
+  (`verify`, `scale`, `detection`) run them at normal priority.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ class DemoConfig(BaseModel):
         "(unless spec_overrides set version.contributions), so gradients are computed at the version they "
         "update; each worker samples its next rollouts while the coordinator folds (worker.sample_ahead). "
         "Off: two commits per version, folded as they come (staleness about 1)."))
+    verifier_nice: int = Field(10, ge=0, le=19, description=(
+        "CPU priority the verifiers give way by (verifier.nice): they check within a window of blocks, "
+        "while every version waits for the workers and the coordinator on the same cores."))
 
     @field_validator("attacks")
     @classmethod
@@ -111,6 +118,8 @@ def role_settings(config: DemoConfig, role: str) -> dict:
     """Settings of a worker's or verifier's config section beyond its poll interval."""
     if role == "worker" and config.fresh_gradients:
         return {"max_per_version": 1, "sample_ahead": True}
+    if role == "verifier" and config.verifier_nice:
+        return {"nice": config.verifier_nice}
     return {}
 
 

@@ -9,7 +9,8 @@ def test_fresh_gradients_close_a_version_on_every_honest_workers_one_commit():
     assert spec["version"] == {"contributions": 3, "deadline_s": FRESH_DEADLINE_S}
     assert spec["rollout"] == DEMO_SPEC["rollout"] and spec["chain"] == DEMO_SPEC["chain"]
     assert role_settings(config, "worker") == {"max_per_version": 1, "sample_ahead": True}
-    assert role_settings(config, "verifier") == {}
+    assert role_settings(config, "verifier") == {"nice": 10}  # the verifiers give way to the critical path
+    assert role_settings(DemoConfig(verifier_nice=0), "verifier") == {}
 
 
 def test_the_callers_spec_overrides_win_field_by_field():
@@ -26,3 +27,24 @@ def test_pipelined_demo_keeps_the_specs_close_rule_and_two_commits_per_version()
     config = DemoConfig(fresh_gradients=False)
     assert "version" not in demo_spec(config)
     assert role_settings(config, "worker") == {}
+
+
+def test_a_role_lowers_its_cpu_priority_by_its_nice_setting():
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.config import VerifierConfig
+
+    if not hasattr(os, "nice"):
+        pytest.skip("no os.nice on this platform")
+    probe = "import os; from krill.runtime import lower_priority; b = os.nice(0); lower_priority({}); print(os.nice(0) - b)"
+    for nice, expected in ((0, "0"), (5, "5")):
+        out = subprocess.run([sys.executable, "-c", probe.format(nice)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected
+    assert VerifierConfig(nice=10).nice == 10 and VerifierConfig().nice == 0
+    with pytest.raises(ValidationError, match="nice"):
+        VerifierConfig(nice=20)
