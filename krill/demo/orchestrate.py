@@ -51,10 +51,10 @@ DEMO_SPEC: dict = {"chain": {"challenge_window_blocks": 2000, "check_probability
                    "rollout": {"prompts_per_contribution": 16}}
 TOKEN = 10**18
 # Anvil answers in milliseconds and mines at once, so the roles look for news more often than the
-# 0.5 s a public chain warrants: a worker that has its share of a version notices the next within
-# 0.1 s (its version watcher reads every 50 ms while it waits), and the coordinator, which passes
-# again at once after publishing, waits 0.1 s between passes that found too few contributions (a
-# pass with nothing new costs it an index sync).
+# 0.5 s a public chain warrants. The coordinator and the workers' version watchers wake on Anvil's
+# new-block announcements (`krill.chain.heads`); these intervals bound their waits between blocks,
+# and are their polling periods where a node has no WebSocket (a worker waiting for a version then
+# reads every 50 ms).
 DEMO_POLL_S = {"coordinator": 0.1, "worker": 0.1, "verifier": 0.5}
 # With fresh gradients a version waits for every honest worker's commit; if one never comes (a
 # worker stopped, a commit rejected), the version closes this long after its parent instead.
