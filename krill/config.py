@@ -107,9 +107,9 @@ class RunConfig(_Section):
 class _RoleSection(_Section):
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to look at the chain for news.")
     threads: int = Field(1, ge=1, le=256, description="torch threads (1 is fastest for tiny models on shared cores).")
-    nice: int = Field(0, ge=0, le=19, description="Lower this process's CPU priority by this much at start (Unix "
-                      "nice; 0: unchanged): a verifier, which checks within a window of blocks, can give way to "
-                      "a worker or coordinator it shares a machine with.")
+    nice: int = Field(0, ge=0, le=19, description="Lower this process's CPU priority by this much at start "
+                      "(Unix nice; 0: unchanged): a verifier, which checks within a window of blocks, can "
+                      "give way to a worker or coordinator it shares a machine with.")
     max_backoff_s: float = Field(30.0, gt=0, le=3600, description="Longest wait between retries when chain or store fail.")
     state_dir: Path | None = Field(None, description="Private working state; default $KRILL_HOME/<role>/<address>.")
 

@@ -155,7 +155,6 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     from krill.runtime import lower_priority, set_threads
 
     set_threads(config.worker.threads)
-
     lower_priority(config.worker.nice)
     behavior = behavior or config.worker.behavior
     limit = max_contributions if max_contributions is not None else config.worker.max_contributions

@@ -127,7 +127,8 @@ def _run_batches(plan: dict, p_default: float, root: Path,
             # Pipelined (two commits per worker and version): attackers' commits do not wait on the honest one's.
             config = DemoConfig(workers=1 + len(batch), adversaries=len(batch), attacks=list(batch), verifiers=2,
                                 minutes=plan["minutes"], versions=10_000, shards=2, eval_every=10_000,
-                                model_dir=model_dir, release=False, audit_last=0, fresh_gradients=False, verifier_nice=0,
+                                model_dir=model_dir, release=False, audit_last=0, fresh_gradients=False,
+                                verifier_nice=0,
                                 spec_overrides={"seed": 1000 * repeat + b, "version": plan.get("version", {}),
                                                 "chain": {"check_probability_ppm": int(p_default * 1e6)}})
             summary = run_demo(config, root / f"run-{repeat}-{b}", echo=lambda line: None)

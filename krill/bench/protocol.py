@@ -223,7 +223,8 @@ def coordinator_parts(row: dict) -> dict[str, float] | None:
     parts["ingest_other"] = max(0.0, p.get("ingest", 0.0) - parts["fetch"] - parts["validate"] - parts["replay"])
     parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
                                  - parts["store"] - parts["publish_tx"])
-    busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "prepare", "eval"))
+    busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "prepare",
+                                       "eval"))
     # The coordinator's own clock when it has one (block timestamps count whole seconds).
     wall = row.get("clock_seconds", row.get("wall_seconds"))
     return parts | {"busy": busy, "wall": float(wall or 0.0), "accepted": row["accepted"]}

@@ -100,7 +100,8 @@ class HeadWaiter:
         except Exception:  # noqa: BLE001 - no WebSocket at this node: stay on plain sleeps
             return
         try:
-            ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}))
+            request = {"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}
+            ws.send(json.dumps(request))
             answer = json.loads(ws.recv(timeout=CONNECT_TIMEOUT_S))
             if not isinstance(answer, dict) or not answer.get("result"):
                 raise ValueError(f"eth_subscribe answered {answer!r}")

@@ -164,7 +164,8 @@ class Transactor:
         third of its CPU), sent as a bare JSON-RPC `eth_call` over HTTP (`raw_call`)."""
         data = codec.calldata(args)
         if self._in_process:
-            return codec.result(self.call(lambda sender: self.w3.eth.call({"to": to, "data": data, **sender}), what))
+            return codec.result(self.call(lambda sender: self.w3.eth.call({"to": to, "data": data, **sender}),
+                                          what))
         return codec.result(self.raw_call({"to": to, "data": data}, what))
 
     def raw_call(self, params: dict, what: str) -> bytes:

@@ -173,7 +173,7 @@ class Indexer:
             times = self._block_times(events, stamped)
             with self.db.write() as session:
                 meta = self._meta(session)
-                if meta.next_block != start:  # another indexer applied this range meanwhile: go on from its cursor
+                if meta.next_block != start:  # another indexer applied this range: go on from its cursor
                     start = meta.next_block
                     continue
                 for event in events:

@@ -16,7 +16,7 @@ from krill.config import load_config
 from krill.worker.cli import main
 from krill.worker.runner import open_session
 
-RESUMER, JAILED = 5, 6
+RESUMER, JAILED, JAILED_MID_RUN = 5, 6, 9
 
 
 def _session(env, run, index, state_dir, behavior="honest"):
@@ -173,3 +173,42 @@ def test_a_worker_with_its_share_in_samples_ahead_and_learns_at_the_next_version
     header, checks = replay_commit(env.admin, env.store, run.spec, second.commit_id)
     assert (header.behaviour_version, header.model_version) == (0, 1)
     assert all(c.ok for c in checks.values()), {n: c.detail for n, c in checks.items()}
+
+
+def test_a_worker_jailed_mid_run_stops_at_the_next_version_without_committing_again(worker_env, tmp_path):
+    import threading
+    import time
+
+    import pytest
+
+    from krill.worker.errors import JailedError
+    from krill.worker.runner import run_worker
+
+    env = worker_env
+    run = env.new_run("jailed-mid-run", quorum=1)
+    config = load_config(env.config_path(JAILED_MID_RUN, run, tmp_path / "state", max_per_version=1,
+                                         sample_ahead=True))
+    raised: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run_worker(config, max_contributions=3, echo=lambda line: None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            raised.append(exc)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 120
+    while not commits_of(env, run, JAILED_MID_RUN) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first = commits_of(env, run, JAILED_MID_RUN)
+    assert first, "the first commit never landed"
+    env.admin.seal_randomness_now(first[0].commit_id)
+    env.chain(VERIFIER).attest(first[0].commit_id, False, hashlib.sha256(b"evidence").digest())
+    env.admin.slash(first[0].commit_id)  # jailed while it waits for version 1 with its next rollouts
+    assert env.publish_next(run) == 1  # the watcher fetches version 1 and finds the stake jailed
+    worker.join(timeout=120)
+    assert not worker.is_alive() and len(raised) == 1
+    with pytest.raises(JailedError, match="is jailed"):
+        raise raised[0]
+    assert len(commits_of(env, run, JAILED_MID_RUN)) == 1
