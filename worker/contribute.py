@@ -158,7 +158,7 @@ class Contributor:
         return packaged
 
     def make(self, behaviour_version: int | None = None, started: float | None = None,
-             learn_after: int | None = None, poll_s: float = 0.5):
+             learn_after: int | None = None, poll_s: float = 0.5, interrupt: Callable[[], None] | None = None):
         """Sample and learn a contribution, nothing signed or saved yet: a `Made` for `package`, or the
         Outcome of rollouts that went stale while they were sampled.
 
@@ -166,7 +166,9 @@ class Contributor:
         `started`: when the caller began this contribution (`perf_counter`; default now);
         `learn_after`: sample ahead: once the rollouts are drawn, wait (phase `wait_version`, checking
         every `poll_s` or on the watcher's news) for a version newer than this one and take the
-        gradient there."""
+        gradient there; `interrupt` is called on every round of that wait and may raise to end it
+        (the worker's loop raises what its watcher or its submission in flight found wrong: a worker
+        jailed meanwhile must not wait for a version it can never commit at)."""
         from krill.protocol.work import learn
         from krill.worker.behaviors import Work
 
@@ -190,6 +192,8 @@ class Contributor:
         if learn_after is not None and v <= learn_after:
             with phase("wait_version"):
                 while v <= learn_after:
+                    if interrupt is not None:
+                        interrupt()
                     self.wait_newer(learn_after, poll_s)
                     v = self.newest()
         self._seen_latest = (v, time.monotonic())

@@ -93,6 +93,10 @@ class SubmitPipeline:
     def done(self) -> bool:
         return self._busy and self._finished.is_set()
 
+    def failed(self) -> bool:
+        """Whether the submission in flight has finished with an exception (`wait` raises it)."""
+        return self.done() and self._error is not None
+
     def wait(self):
         """The in-flight submission's Outcome (None if none is in flight); re-raises its exception."""
         if not self._busy:

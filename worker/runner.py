@@ -211,9 +211,17 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
     cap = config.worker.max_per_version
     checked_at: int | None = None  # the newest version seen when a submission last took the stake check
     watcher = s.contributor.watcher
-    while True:
+
+    def interrupt() -> None:
+        """Raise what stops this worker: its watcher's finding (jailed, stake too low), or the
+        exception its submission in flight ended with."""
         if watcher is not None and watcher.problem is not None:
             raise watcher.problem
+        if pipeline.failed():
+            pipeline.wait()
+
+    while True:
+        interrupt()
         if pipeline.done():
             report(pipeline.wait())
         if limit is not None and committed() + pipeline.in_flight >= limit:
@@ -236,7 +244,7 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
                 else:
                     s.contributor.wait_newer(latest, config.worker.poll_interval_s)
                     continue
-            made = s.contributor.make(latest, started, learn_after, config.worker.poll_interval_s)
+            made = s.contributor.make(latest, started, learn_after, config.worker.poll_interval_s, interrupt)
             if isinstance(made, Outcome):
                 report(made)
                 continue
@@ -245,8 +253,7 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
         report(previous)
         freeze_heap()  # once per process: the models are loaded by the first contribution
         if watcher is not None:  # the watcher checks the stake once per new version
-            if watcher.problem is not None:
-                raise watcher.problem
+            interrupt()
             pipeline.start(made, phases)
             continue
         pipeline.start(made, phases, before=check_stake if latest != checked_at else None)

@@ -68,12 +68,16 @@ def test_a_submissions_exception_is_raised_by_wait_in_the_callers_thread():
     sub.release.set()
     pipe = SubmitPipeline(sub)
     pipe.start(_made(0), {})
+    deadline = time.monotonic() + 10
+    while not pipe.failed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pipe.failed()  # the main loop can see it without waiting
     with pytest.raises(JailedError, match="is jailed"):
         pipe.wait()
-    assert not pipe.in_flight
+    assert not pipe.in_flight and not pipe.failed()
     sub.fail = None
     pipe.start(_made(1), {})  # the pipeline is usable again
-    assert pipe.wait().nonce == 1
+    assert pipe.wait().nonce == 1 and not pipe.failed()
 
 
 def test_the_stake_check_runs_first_in_the_background_and_stops_the_commit():
