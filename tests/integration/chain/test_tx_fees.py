@@ -28,6 +28,7 @@ def test_fees_are_reused_within_a_second_and_read_again_after_a_reset_or_a_failu
     monkeypatch.setattr(krill.chain.tx, "FEE_REUSE_S", 60.0)  # a slow machine must not expire them mid-test
     seen = _count_fee_reads(env.w3, monkeypatch)
     worker = env.at(env.WORKERS[0])
+    worker.reset_nonces()  # earlier tests' transactions of this client left fees behind
     worker.stake(Role.WORKER, MIN_WORKER * 2, key_of(env.WORKERS[0]))
     worker.token.approve(env.deployment.protocol, 2**256 - 1)
     reads = seen.count("eth_getBlockByNumber")
