@@ -181,18 +181,19 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     per_version: dict[int, int] = {}  # commits that landed, per version
     report(s.contributor.resume())
 
+    def eligible() -> None:
+        check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key)
+
     def check_stake() -> None:
-        s.backoff.call(lambda: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
-                       "chain (stake)")
+        s.backoff.call(eligible, "chain (stake)")
 
     pipeline = SubmitPipeline(s.contributor)
     if config.worker.watch_interval_s > 0:
         from krill.chain.heads import HeadWaiter
 
-        s.contributor.watcher = VersionWatcher(
-            s.contributor.source, config.worker.watch_interval_s,
-            on_new_version=lambda _: check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key),
-            heads=HeadWaiter.for_chain(s.chain)).start()
+        s.contributor.watcher = VersionWatcher(s.contributor.source, config.worker.watch_interval_s,
+                                               on_new_version=lambda _: eligible(),
+                                               heads=HeadWaiter.for_chain(s.chain)).start()
     try:
         _contribute_loop(s, config, pipeline, report, per_version, lambda: committed, limit, check_stake)
     finally:
@@ -252,9 +253,7 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
                 previous = pipeline.wait()
         report(previous)
         freeze_heap()  # once per process: the models are loaded by the first contribution
-        if watcher is not None:  # the watcher checks the stake once per new version
-            interrupt()
-            pipeline.start(made, phases)
-            continue
-        pipeline.start(made, phases, before=check_stake if latest != checked_at else None)
+        interrupt()  # what the watcher found while this one was made
+        # The stake is checked once per new version: by the watcher where one runs, else before the commit.
+        pipeline.start(made, phases, before=check_stake if watcher is None and latest != checked_at else None)
         checked_at = latest

@@ -114,7 +114,7 @@ class VersionWatcher:
         fetch meets the outage through its `Backoff`, which reports it. The fetch derives the version's
         gradient masks too (`RunSource.version`). Once a new version is reported (waiters woken),
         `on_new_version` runs."""
-        state = None
+        new = False
         with recording(self.phases), phase("read_ahead"):
             version = int(self.source.latest())
             read_at = time.monotonic()
@@ -122,13 +122,13 @@ class VersionWatcher:
                 if self._fetched is not None:
                     self._seen = (self._fetched, read_at)
                 try:
-                    state = self.source.version(version)
+                    self.source.version(version)
                 except Exception:
                     self._seen = (version, read_at)
                     raise
-                self._fetched = version
+                self._fetched, new = version, True
             self._seen = (version, read_at)
-        if state is None:
+        if not new:
             return
         self._notify()
         if self.on_new_version is not None:

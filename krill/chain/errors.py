@@ -97,7 +97,7 @@ REVERT_CLASSES: dict[str, type[ContractRevert]] = {c.error_name: c for c in ERRO
 globals().update(REVERT_CLASSES)
 __all__ = sorted(REVERT_CLASSES) + ["ChainInputError", "ContractPanic", "ContractRevertReason",
                                     "UnknownContractRevert", "decode_revert", "revert_data_from_exception",
-                                    "revert_from_exception", "snake_case"]
+                                    "revert_from_exception", "revert_from_rpc_error", "snake_case"]
 
 _ERROR_STRING = function_signature_to_4byte_selector("Error(string)")
 _PANIC = function_signature_to_4byte_selector("Panic(uint256)")
@@ -182,7 +182,29 @@ def revert_from_exception(exc: BaseException, context: str = "") -> ContractReve
         return decode_revert(data, context)
     names = {type(e).__name__ for e in (exc, exc.__context__, exc.__cause__) if e is not None}
     if names & {"TransactionFailed", "ContractLogicError"}:
-        reason = str(exc.args[0] if exc.args else exc).removeprefix("execution reverted: ")
-        where = f"{context}: " if context else ""
-        return ContractRevertReason(f"{where}reverted: {reason}", (reason,))
+        return _reason_revert(str(exc.args[0] if exc.args else exc).removeprefix("execution reverted: "), context)
     return None
+
+
+def revert_from_rpc_error(error: object, context: str = "") -> ContractRevert | None:
+    """The ContractRevert a JSON-RPC error object stands for (an answer to a bare `eth_call` or
+    `eth_estimateGas`): its revert data (Anvil and geth put it in `data`, some nodes nest it as
+    `{"data": {"data": "0x..."}}`), else a reason-only "execution reverted" message; None if it is no
+    revert."""
+    if not isinstance(error, dict):
+        return None
+    data = error.get("data")
+    if isinstance(data, dict):
+        data = data.get("data")
+    raw = _bytes_from(data) if isinstance(data, str) else None
+    if raw is not None:
+        return decode_revert(raw, context)
+    message = str(error.get("message", ""))
+    if message.startswith("execution reverted"):
+        return _reason_revert(message.removeprefix("execution reverted").removeprefix(":").strip(), context)
+    return None
+
+
+def _reason_revert(reason: str, context: str) -> ContractRevertReason:
+    where = f"{context}: " if context else ""
+    return ContractRevertReason(f"{where}reverted: {reason}", (reason,))

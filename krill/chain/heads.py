@@ -19,6 +19,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -114,10 +115,8 @@ class HeadWaiter:
         ws, self._ws = self._ws, None
         self._next_try = time.monotonic() + RETRY_S
         if ws is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing a broken connection may fail: it is gone either way
                 ws.close()
-            except Exception:  # noqa: BLE001
-                pass
 
     def close(self) -> None:
         self._drop()

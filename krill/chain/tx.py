@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
-from krill.chain.errors import revert_from_exception
+from krill.chain.errors import revert_from_exception, revert_from_rpc_error
 from krill.chain.events import ChainEvent, decode_receipt
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, is_in_process, with_retries
 from krill.errors import ChainError, ContractRevert
@@ -96,22 +96,12 @@ _BOOKS_LOCK = threading.Lock()
 
 
 def call_error(error: Any, what: str, method: str = "eth_call") -> Exception:
-    """The exception for a JSON-RPC error answer to `method`: the ContractRevert of its revert data
-    (Anvil and geth put it in `data`), a reason-only revert, or a ChainError naming the node's message."""
-    from krill.chain.errors import ContractRevertReason, decode_revert
-
+    """The exception for a JSON-RPC error answer to `method`: its ContractRevert
+    (`errors.revert_from_rpc_error`), else a ChainError naming the node's message."""
+    revert = revert_from_rpc_error(error, what)
+    if revert is not None:
+        return revert
     message = str(error.get("message", error)) if isinstance(error, dict) else str(error)
-    data = error.get("data") if isinstance(error, dict) else None
-    if isinstance(data, dict):  # some nodes nest it: {"data": {"data": "0x..."}}
-        data = data.get("data")
-    if isinstance(data, str) and data.startswith("0x"):
-        try:
-            return decode_revert(bytes.fromhex(data[2:]), what)
-        except ValueError:
-            pass
-    if message.startswith("execution reverted"):
-        reason = message.removeprefix("execution reverted").removeprefix(":").strip()
-        return ContractRevertReason(f"{what}: reverted: {reason}", (reason,))
     return ChainError(f"{what}: the node refused {method}: {message}")
 
 

@@ -14,7 +14,6 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
-import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -47,9 +46,6 @@ class VersionState:
     _tensors: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
-    # Held while the masks are derived: two threads that need them (a worker's version watcher and
-    # its learner) derive them once.
-    _masks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def preload(self, shard: int, tensors: dict[str, torch.Tensor], optimizer_state: bytes | None) -> None:
         """Set `shard`'s tensors and optimizer state from memory: the ones this version's manifest and
@@ -80,17 +76,14 @@ class VersionState:
 
     def masks(self) -> dict[str, torch.Tensor]:
         """The public masks of gradients computed at this version (every tensor of every shard)."""
-        if self._masks is not None:
-            return self._masks
-        with self._masks_lock:
-            if self._masks is None:
-                references: dict[str, torch.Tensor] = {}
-                for shard in range(self.manifest.num_shards):
-                    blob = self.optimizer_state(shard)
-                    if blob is not None:
-                        references.update(momentum_from_state(blob))
-                self._masks = shared_masks(self.shapes(), references or None, self.spec.compression,
-                                           self.spec.run_id.hex(), self.version)
+        if self._masks is None:
+            references: dict[str, torch.Tensor] = {}
+            for shard in range(self.manifest.num_shards):
+                blob = self.optimizer_state(shard)
+                if blob is not None:
+                    references.update(momentum_from_state(blob))
+            self._masks = shared_masks(self.shapes(), references or None, self.spec.compression,
+                                       self.spec.run_id.hex(), self.version)
         return self._masks
 
 
