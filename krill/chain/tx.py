@@ -165,14 +165,19 @@ class Transactor:
         reads one every 50 ms while it waits). Reverts become their ContractRevert subclass, as in `call`."""
         if self.account is not None:
             params = {**params, "from": self.account.address}
-        response = self._rpc(lambda: self.w3.provider.make_request("eth_call", [params, "latest"]), what)
+        return bytes.fromhex(self._request("eth_call", [params, "latest"], what)[2:])
+
+    def _request(self, method: str, params: list, what: str, label: str | None = None) -> str:
+        """The hex result of JSON-RPC `method` sent straight through the provider (retried as `label`,
+        default `what`); an error answer raises `call_error`'s exception."""
+        response = self._rpc(lambda: self.w3.provider.make_request(method, params), label or what)
         error = response.get("error")
-        if error is None:
-            result = response.get("result")
-            if not isinstance(result, str) or not result.startswith("0x"):
-                raise ChainError(f"{what}: the node answered eth_call with {result!r}, not hex data")
-            return bytes.fromhex(result[2:])
-        raise call_error(error, what)
+        if error is not None:
+            raise call_error(error, what, method)
+        result = response.get("result")
+        if not isinstance(result, str) or not result.startswith("0x"):
+            raise ChainError(f"{what}: the node answered {method} with {result!r}, not hex data")
+        return result
 
     def _fees(self) -> dict[str, int]:
         """EIP-1559 fees, read at most once per `FEE_REUSE_S` (two requests, a third of a transaction's
@@ -278,11 +283,7 @@ class Transactor:
         params = {k: hex(v) if isinstance(v, int) else "0x" + bytes(v).hex() if isinstance(v, bytes) else v
                   for k, v in probe.items() if not (k == "to" and not v)}  # a deployment has no `to`
         # Straight through the provider, as `raw_call`: web3's middleware doubled the request's CPU.
-        response = self._rpc(lambda: self.w3.provider.make_request("eth_estimateGas", [params, "pending"]),
-                             f"{what} (estimate)")
-        if response.get("error") is not None:
-            raise call_error(response["error"], what, "eth_estimateGas")
-        gas = int(response["result"], 16)
+        gas = int(self._request("eth_estimateGas", [params, "pending"], what, f"{what} (estimate)"), 16)
         return int(gas * self.gas_margin) + 10_000
 
     def send_value(self, to: str, wei: int) -> Receipt:
