@@ -21,7 +21,10 @@ Design decisions:
   propagates.
 - Cost (issue 8 compares it with the worker's): version states, models, engines and the
   tokenizer are cached per version (shard tensors are fetched once per version), the task is
-  built once, and only one shard's gradient is recomputed.
+  built once, and only one shard's gradient is recomputed. A new version's weights are loaded
+  into the least recently used model (built only while fewer than `max_models` exist), as a
+  worker reloads its own: building a model costs 11 ms against 1 ms to load weights. The check
+  that loads a version's model records the time as `model_load_ms`, a once-per-version cost.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ class Policies:
         self._tokenizer = None
         self._task = None
         self.loads = 0
+        self.load_seconds = 0.0
 
     def _load(self, what: str, fn: Callable):
         try:
@@ -102,14 +106,21 @@ class Policies:
         return self._states[version]
 
     def model(self, version: int):
-        from krill.protocol.policy import build_model
+        """Version `version`'s model: cached, else the least recently used one reloaded (built only while
+        fewer than `max_models` exist). The seconds spent loading add to `load_seconds`."""
+        from krill.protocol.policy import build_model, load_weights
 
         if version not in self._models:
+            started = time.perf_counter()
             state = self.state(version)
-            self._models[version] = self._load(f"weights of version {version}", lambda: build_model(state))
+            if len(self._models) >= self.max_models:
+                _, model = self._models.popitem(last=False)
+                self._load(f"weights of version {version}", lambda: load_weights(model, state))
+            else:
+                model = self._load(f"weights of version {version}", lambda: build_model(state))
+            self._models[version] = model
             self.loads += 1
-            while len(self._models) > self.max_models:
-                self._models.popitem(last=False)
+            self.load_seconds += time.perf_counter() - started
         self._models.move_to_end(version)
         return self._models[version]
 
@@ -271,7 +282,7 @@ class Replayer:
 
             return check_resample(spec, task, tok, header, batch, self.policies.engine(behaviour), self.verify)
 
-        for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", resample)):
+        for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", self._loads_noted(resample))):
             if not run.stage(name, fn):
                 return self._result(run, behaviour, None)
         shard = gradient_shard(randomness, job.commit_id, self.verifier_key, sorted(contribution.gradients))
@@ -284,8 +295,22 @@ class Replayer:
             return check_gradient(spec, header, batch, contribution.gradients[shard].values, shard,
                                   self.policies.model(job.version), learner_state, tok.pad_token_id, self.verify)
 
-        run.stage("gradient", gradient)
+        run.stage("gradient", self._loads_noted(gradient))
         return self._result(run, behaviour, shard)
+
+    def _loads_noted(self, check: Callable[[], CheckOutcome]) -> Callable[[], CheckOutcome]:
+        """`check`, with the milliseconds it spent loading a version's model (once per version) in its
+        figures as `model_load_ms`, so the per-check cost can be told from the per-version one."""
+
+        def noted() -> CheckOutcome:
+            before = self.policies.load_seconds
+            outcome = check()
+            loaded = self.policies.load_seconds - before
+            if loaded:
+                outcome.figures["model_load_ms"] = round(1000 * loaded, 1)
+            return outcome
+
+        return noted
 
     def _payload(self, header, header_bytes: bytes, context, lengths):
         """Fetch the files the signed header names (its sizes are the caps), then validate everything."""

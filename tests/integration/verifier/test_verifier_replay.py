@@ -32,6 +32,8 @@ def test_honest_contributions_pass_every_check(run_env, tmp_path):
         assert resample.figures["token_mismatches"] == 0
     assert sum("PASS" in line for line in lines) == 3, lines
     assert loop.replayer.policies.loads == 1  # one model for version 0, reused for every replay
+    loaded = [c.name for i in ids for c in verdict(env, loop, i).checks if "model_load_ms" in c.figures]
+    assert loaded == ["resample"]  # the first replay's resample loaded it, and said so in its evidence
 
 
 def test_a_commit_the_draw_passes_over_is_skipped_without_sealing(run_env, tmp_path, monkeypatch):

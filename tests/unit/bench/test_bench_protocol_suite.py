@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from krill.bench.protocol import coordinator_parts, waiting_gaps, worker_breakdown, worker_parts
 from krill.bench.scale import growth
-from krill.bench.verify import pairs, stage_table
+from krill.bench.verify import model_loads, pairs, stage_table
 from krill.commands.bench_cmd import bench
 
 
@@ -117,6 +117,22 @@ def test_verify_stages_are_joined_to_the_workers_cost_by_digest():
     assert table["replay checks"]["median_ms"] == 145
     assert table["replay checks"]["median_pct_of_worker"] == pytest.approx(100 * 145 / 1500)
     assert table["resample"]["worker_counterpart_median_ms"] == pytest.approx(1000.0)
+    assert table["replay checks"]["median_ms_without_model_load"] == 145  # nothing was loaded
+
+
+def test_verify_tells_the_once_per_version_model_load_from_the_check():
+    records = [_record("a", 1.0, 2.0), _record("b", 2.0, 2.0)]
+    checks = [[("resample", 100, {"model_load_ms": "12.5"}), ("gradient", 40, {"model_load_ms": "7.5"})],
+              [("resample", 80, {}), ("gradient", 40, {})]]
+    evidence = [{"commit_id": i, "digest": r["digest"], "ok": True,
+                 "checks": [{"name": n, "ms": ms, "figures": f} for n, ms, f in c]}
+                for i, (r, c) in enumerate(zip(records, checks, strict=True))]
+    joined = pairs(evidence, records)
+    table = {row["stage"]: row for row in stage_table(joined)}
+    assert table["replay checks"]["median_ms"] == pytest.approx(130.0)  # (140 + 120) / 2
+    assert table["replay checks"]["median_ms_without_model_load"] == pytest.approx(120.0)  # (120 + 120) / 2
+    assert table["resample"]["median_ms_without_model_load"] == pytest.approx((87.5 + 80) / 2)
+    assert model_loads(joined) == {"checks_that_loaded": 1, "loads": 2, "median_ms": 10.0}
 
 
 def test_growth_exponents_read_flat_and_linear():

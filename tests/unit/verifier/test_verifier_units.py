@@ -114,3 +114,39 @@ def test_evidence_round_trips_through_the_store_with_its_attested_digest(tmp_pat
         _evidence(reason="made-up")
     with pytest.raises(ValueError):
         _evidence(worker="0xABC")
+
+
+class _Version:
+    """The two things `Policies.model` reads of a version: its architecture and its tensors."""
+
+    def __init__(self, version: int, model):
+        import torch
+
+        self.version = version
+        self.manifest = type("Manifest", (), {"architecture": model.config.to_dict()})()
+        torch.manual_seed(version)
+        self._tensors = {n: torch.randn_like(t) for n, t in model.state_dict().items()}
+
+    def all_tensors(self):
+        return self._tensors
+
+
+def test_policies_reload_the_least_recently_used_model_instead_of_building_one():
+    import torch
+
+    from krill.model.build import build_tiny_model
+    from krill.verifier.replay import Policies
+
+    model, _ = build_tiny_model(seed=0)
+    versions = {v: _Version(v, model) for v in range(4)}
+    policies = Policies(chain=None, store=None, spec=None, max_models=2)
+    policies.state = versions.__getitem__
+    first, second = policies.model(0), policies.model(1)
+    assert first is not second and policies.loads == 2
+    assert policies.model(0) is first and policies.loads == 2  # cached: version 0 is now the newest
+    third = policies.model(2)  # version 1 is the least recently used: its model takes version 2's weights
+    assert third is second and policies.loads == 3 and policies.load_seconds > 0
+    for name, tensor in third.state_dict().items():
+        assert torch.equal(tensor, versions[2].all_tensors()[name]), name
+    assert policies.model(0) is first
+    assert not third.training
