@@ -51,6 +51,7 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
         import tomllib
 
         from krill.config import krill_home
+        from krill.demo.disk import earlier_demos, gigabytes
         from krill.demo.orchestrate import DemoConfig, run_demo
         from krill.errors import ConfigError
 
@@ -64,8 +65,12 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
                             fresh_gradients=not pipelined)
         where = Path(workdir) if workdir else krill_home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
         console.print(f"[bold]krill demo[/bold] in {where}")
+        earlier = None if workdir else earlier_demos(where.parent, where)
+        if earlier:
+            console.print(f"{len(earlier)} earlier demo(s) in {where.parent} take "
+                          f"{gigabytes(sum(b for _, b in earlier))}; delete the ones you no longer need", highlight=False)
         summary = run_demo(config, where, echo=lambda line: console.print(line, highlight=False),
-                           on_summary=lambda s: _print_summary(console, s))
+                           on_summary=lambda s: _print_summary(console, s), earlier=earlier)
     if summary_path:
         Path(summary_path).write_text(json.dumps(summary, indent=2), encoding="utf-8")
 

@@ -150,13 +150,16 @@ def _write_role_config(path: Path, *, rpc_url: str, deployment, store: Path, db_
 
 
 def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
-             on_summary: Callable[[dict], None] | None = None) -> dict:
+             on_summary: Callable[[dict], None] | None = None,
+             earlier: list[tuple[Path, int]] | None = None) -> dict:
     """Run the demo in `workdir`; returns the summary (also written to workdir/summary.json).
 
-    `on_summary` sees the summary as soon as it exists (before `serve` keeps the explorer up)."""
+    `on_summary` sees the summary as soon as it exists (before `serve` keeps the explorer up);
+    `earlier` (earlier demo directories and their bytes) is named when the disk is too full."""
     from krill.chain.anvil import AnvilProcess
     from krill.chain.devnet import provision
     from krill.chain.rpc import dev_accounts
+    from krill.demo.disk import check_space, gigabytes
     from krill.demo.processes import ProcessGroup
     from krill.keystore import KdfCost, create_keystore
     from krill.model.base import ensure_base_model
@@ -176,6 +179,8 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
         model_dir = ensure_base_model(progress=lambda step, loss, acc: echo(
             f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
+    need = check_space(workdir, Path(model_dir), config.versions, earlier)
+    echo(f"the store will take up to about {gigabytes(need)} in {workdir} (every version's weights and AdamW state)")
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers
     with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log", accounts=max(20, n)) as node, \
             ProcessGroup(workdir / "logs", env) as procs:

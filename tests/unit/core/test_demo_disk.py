@@ -1,0 +1,56 @@
+"""The demo's disk check: the estimate scales with the weights and the version budget, a full disk stops it
+before anything starts with figures and earlier demos named, and earlier demos are listed, never touched."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+
+from krill.demo import disk
+from krill.errors import ConfigError
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def _model(tmp_path, size: int):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"\0" * size)
+    (d / "config.json").write_text("{}")
+    return d
+
+
+def test_the_estimate_scales_with_the_weights_and_the_versions(tmp_path):
+    model = _model(tmp_path, 1000)
+    assert disk.weight_bytes(model) == 1000
+    assert disk.estimated_bytes(model, 400) == int(1.05 * disk.STORE_BYTES_PER_WEIGHT_BYTE * 1000 * 400)
+    assert disk.estimated_bytes(model, 800) == 2 * disk.estimated_bytes(model, 400)
+
+
+def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_demos(tmp_path, monkeypatch):
+    model = _model(tmp_path, 4_000_000)
+    parent = tmp_path / "demo"
+    old = parent / "20261204-120000"
+    (old / "store").mkdir(parents=True)
+    (old / "store" / "block").write_bytes(b"x" * 2048)
+    current = parent / "20261205-040000"  # not created yet: the check probes the nearest existing parent
+    earlier = disk.earlier_demos(parent, current)
+    assert earlier == [(old, 2048)]
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 0, 10**9))
+    with pytest.raises(ConfigError) as info:
+        disk.check_space(current, model, 400, earlier)
+    text = str(info.value)
+    assert "5.9 GB" in text and "1.0 GB free" in text and "--versions" in text
+    assert "20261204-120000 0.0 GB" in text
+    assert old.exists()  # listed, never deleted
+    assert disk.check_space(current, model, 20, earlier) == disk.estimated_bytes(model, 20)  # 20 versions fit
+
+
+def test_tree_bytes_counts_regular_files_and_a_missing_tree_is_empty(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "f").write_bytes(b"12345")
+    (tmp_path / "a" / "b" / "g").write_bytes(b"123")
+    assert disk.tree_bytes(tmp_path / "a") == 8
+    assert disk.tree_bytes(tmp_path / "missing") == 0
+    assert disk.earlier_demos(tmp_path / "missing", tmp_path / "x") == []
