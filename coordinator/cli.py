@@ -69,12 +69,11 @@ def run_cmd(shards_text: str | None) -> None:
     from krill.coordinator.context import open_run_context
     from krill.coordinator.loop import FAULTS, Coordinator, LoopOptions
     from krill.db.indexer import Indexer
-    from krill.runtime import lower_priority, set_threads
+    from krill.runtime import apply_cpu_settings
 
     config = current_config()
     section = config.coordinator
-    set_threads(section.threads)
-    lower_priority(section.nice)
+    apply_cpu_settings(section)
     delay = section.poll_interval_s
     with contextlib.ExitStack() as stack:
         while True:

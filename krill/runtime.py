@@ -94,6 +94,12 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def apply_cpu_settings(section) -> None:
+    """A role section's CPU settings, at the role's start: torch threads (`threads`), then priority (`nice`)."""
+    set_threads(section.threads)
+    lower_priority(section.nice)
+
+
 def lower_priority(nice: int) -> None:
     """Lower this process's CPU priority by `nice` (a role section's `nice`); a no-op at 0 or where the
     platform has no `os.nice`."""

@@ -89,14 +89,12 @@ def _run(config, bar, max_attestations: int | None) -> None:
     import torch
 
     from krill.commands.role_cmds import password_prompt
-    from krill.runtime import lower_priority, role_state_dir, set_threads
+    from krill.runtime import apply_cpu_settings, role_state_dir
     from krill.verifier.attest import Who
     from krill.verifier.loop import DEVNET_CHAIN_IDS, LoopSettings, VerifierLoop
     from krill.verifier.state import VerifierState
 
-    set_threads(config.verifier.threads)
-
-    lower_priority(config.verifier.nice)
+    apply_cpu_settings(config.verifier)
     state, first = None, 0
 
     def echo(line: str) -> None:

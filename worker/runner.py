@@ -152,10 +152,9 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
     `on_outcome` sees each outcome after its status line (the CLI's progress bar); `prompt` asks for the
     keystore password when the configuration has none."""
-    from krill.runtime import lower_priority, set_threads
+    from krill.runtime import apply_cpu_settings
 
-    set_threads(config.worker.threads)
-    lower_priority(config.worker.nice)
+    apply_cpu_settings(config.worker)
     behavior = behavior or config.worker.behavior
     limit = max_contributions if max_contributions is not None else config.worker.max_contributions
     session = open_session(config, behavior, echo, prompt)

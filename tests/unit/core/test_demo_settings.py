@@ -41,8 +41,10 @@ def test_a_role_lowers_its_cpu_priority_by_its_nice_setting():
 
     if not hasattr(os, "nice"):
         pytest.skip("no os.nice on this platform")
-    probe = "import os; from krill.runtime import lower_priority; b = os.nice(0); lower_priority({}); print(os.nice(0) - b)"
-    for nice, expected in ((0, "0"), (5, "5")):
+    probe = ("import os, torch; from krill.config import VerifierConfig; from krill.runtime import apply_cpu_settings; "
+             "b = os.nice(0); apply_cpu_settings(VerifierConfig(threads=1, nice={})); "
+             "print(os.nice(0) - b, torch.get_num_threads())")
+    for nice, expected in ((0, "0 1"), (5, "5 1")):
         out = subprocess.run([sys.executable, "-c", probe.format(nice)], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected
     assert VerifierConfig(nice=10).nice == 10 and VerifierConfig().nice == 0
