@@ -162,23 +162,8 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
     echo(f"worker {s.identity.address} | run {s.spec.run_id.hex()[:16]}… ({s.spec.name}) | behaviour {behavior} | "
          f"shards {s.contributor.shards} | next nonce {s.state.next_nonce}"
          + (f" | resuming nonce {s.state.pending.nonce}" if s.state.pending else ""))
-    outcomes: list[Outcome] = []
-    committed = 0
-
-    def report(outcome: Outcome | None) -> None:
-        nonlocal committed
-        if outcome is None:
-            return
-        echo(outcome.line())
-        if on_outcome is not None:
-            on_outcome(outcome)
-        outcomes.append(outcome)
-        committed += outcome.status == COMMITTED
-        if outcome.status == COMMITTED and outcome.model_version is not None and not outcome.resumed:
-            per_version[outcome.model_version] = per_version.get(outcome.model_version, 0) + 1
-
-    per_version: dict[int, int] = {}  # commits that landed, per version
-    report(s.contributor.resume())
+    tally = _Tally(echo, on_outcome)
+    tally.report(s.contributor.resume())
 
     def eligible() -> None:
         check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key)
@@ -194,20 +179,42 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
                                                on_new_version=lambda _: eligible(),
                                                heads=HeadWaiter.for_chain(s.chain)).start()
     try:
-        _contribute_loop(s, config, pipeline, report, per_version, lambda: committed, limit, check_stake)
+        _contribute_loop(s, config, pipeline, tally, limit, check_stake)
     finally:
         if s.contributor.watcher is not None:
             s.contributor.watcher.stop()
         if not pipeline.in_flight:  # one still in flight (an exception stopped the loop) stays a daemon
             pipeline.close()
-    return outcomes
+    return tally.outcomes
 
 
-def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipeline, report, per_version: dict,
-                     committed: Callable[[], int], limit: int | None, check_stake: Callable[[], None]) -> None:
+class _Tally:
+    """The outcomes of one `run_worker`: each echoed and handed to `on_outcome`, commits counted (per version too)."""
+
+    def __init__(self, echo: Callable[[str], None], on_outcome: Callable[[Outcome], None] | None):
+        self.echo, self.on_outcome = echo, on_outcome
+        self.outcomes: list[Outcome] = []
+        self.committed = 0
+        self.per_version: dict[int, int] = {}  # commits that landed, per version
+
+    def report(self, outcome: Outcome | None) -> None:
+        if outcome is None:
+            return
+        self.echo(outcome.line())
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+        self.outcomes.append(outcome)
+        self.committed += outcome.status == COMMITTED
+        if outcome.status == COMMITTED and outcome.model_version is not None and not outcome.resumed:
+            self.per_version[outcome.model_version] = self.per_version.get(outcome.model_version, 0) + 1
+
+
+def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipeline, tally: _Tally,
+                     limit: int | None, check_stake: Callable[[], None]) -> None:
     """Make contributions and hand them to `pipeline` until `limit` commits landed (None: forever)."""
     from krill.runtime import freeze_heap
 
+    report, per_version = tally.report, tally.per_version
     cap = config.worker.max_per_version
     checked_at: int | None = None  # the newest version seen when a submission last took the stake check
     watcher = s.contributor.watcher
@@ -224,7 +231,7 @@ def _contribute_loop(s: WorkerSession, config: KrillConfig, pipeline: SubmitPipe
         interrupt()
         if pipeline.done():
             report(pipeline.wait())
-        if limit is not None and committed() + pipeline.in_flight >= limit:
+        if limit is not None and tally.committed + pipeline.in_flight >= limit:
             if not pipeline.in_flight:
                 break
             report(pipeline.wait())  # the last one may still fail (stale): then the loop goes on
