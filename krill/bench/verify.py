@@ -18,6 +18,10 @@ Design decisions:
   checks per version most checks load one, so the table gives each stage with and without that
   once-per-version cost; the worker's own loading of a version is likewise outside its
   production time.
+- After the demo, the floor of a replay is measured in process (`krill.bench.replay_floor`): the
+  worker's and the verifier's passes alone on one thread, and what checking one group of the
+  batch would cost both sides, so the table can be read against what no protocol change to the
+  checks' surroundings could remove.
 - Sizes: `tiny` (CI smoke: a tiny random model, 2 workers, under a minute of training) and
   `default` (the default base model, 2 workers, 4 minutes).
 """
@@ -29,6 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from krill.bench import replay_floor
 from krill.bench.demo_probe import (
     DemoResult,
     evidence_rows,
@@ -41,8 +46,9 @@ from krill.bench.report import fmt, machine_line, pyplot, save, started
 
 SIZES: dict[str, dict] = {
     "tiny": {"model": "tiny", "workers": 2, "minutes": 0.75,
-             "spec": {"version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 20}},
-    "default": {"model": "base", "workers": 2, "minutes": 4.0, "spec": {}},
+             "spec": {"version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 20},
+             "floor": {"prompts": 4, "repeats": 2}},
+    "default": {"model": "base", "workers": 2, "minutes": 4.0, "spec": {}, "floor": {"prompts": 16, "repeats": 8}},
 }
 STAGES = ("signature", "payload", "assignment", "rewards", "resample", "gradient")
 REPLAY = ("assignment", "rewards", "resample", "gradient")
@@ -142,6 +148,8 @@ def run_verify(size: str = "default", echo: Callable[[str], None] = print, keep:
              f"{s['minutes']} min on the {s['model']} model ...")
         demo = run_probed_demo(config, root / "demo", echo=lambda line: echo(f"  {line}"))
         result.update(analyse(demo))
+        echo("verify: the floor of a replay, in process ...")
+        result["floor"] = replay_floor.measure(model, num_shards=2, **s["floor"])
     result["settings"] = {**s, "model_dir": str(model) if s["model"] == "base" else "tiny random Llama (hidden 32)",
                           "shards": 2, "verifiers": 1, "check_probability": 1.0}
     result["seconds"] = round(time.perf_counter() - t0, 1)
@@ -181,6 +189,8 @@ def markdown(r: dict) -> str:
               f"{fmt(loads.get('median_ms'), 1)} ms. The worker's production likewise leaves out its own loading "
               "of each new version.", "",
               f"Benchmark wall time: {r['seconds']:.0f} s."]
+    if r.get("floor"):
+        lines += replay_floor.markdown_lines(r["floor"])
     return "\n".join(lines) + "\n"
 
 
