@@ -56,6 +56,10 @@ def test_verify_tiny_compares_every_check_stage_with_the_workers_cost(tmp_path):
         assert stages[stage]["median_ms"] is not None and stages[stage]["median_pct_of_worker"] is not None, stage
     assert data["replay_pct"] > 0 and isinstance(data["target_met"], bool)
     assert [a["p"] for a in data["amortised"]] == [0.1, 0.25]
+    loads = data["model_loads"]
+    assert loads["loads"] >= 1 and loads["checks_that_loaded"] >= 1 and loads["median_ms"] > 0
+    assert stages["replay checks"]["median_ms_without_model_load"] <= stages["replay checks"]["median_ms"]
+    assert data["floor"]["replay_pct"] > 0 and data["floor"]["settings"]["num_shards"] == 2
 
 
 def test_scale_tiny_measures_throughput_lag_and_memory(tmp_path):
