@@ -120,7 +120,8 @@ def analyse(demo: DemoResult, check_probabilities: tuple[float, ...] = (0.1, 0.2
     replay = next(r for r in table if r["stage"] == "replay checks")["median_pct_of_worker"]
     total = next(r for r in table if r["stage"] == "all checks")["median_pct_of_worker"]
     steady = next(r for r in table if r["stage"] == "replay checks")["median_pct_without_model_load"]
-    return {"model_loads": model_loads(joined), "replay_pct_without_model_load": steady, "checked": len(evidence), "failed": sum(not e["ok"] for e in evidence), "joined": len(joined),
+    return {"checked": len(evidence), "failed": sum(not e["ok"] for e in evidence), "joined": len(joined),
+            "model_loads": model_loads(joined), "replay_pct_without_model_load": steady,
             "worker_production_median_ms": statistics.median([p["worker_ms"] for p in joined]) if joined else None,
             "stages": table, "replay_pct": replay, "all_pct": total,
             "target_pct": TARGET_REPLAY_PCT, "target_met": None if replay is None else replay < TARGET_REPLAY_PCT,
