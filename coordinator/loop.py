@@ -115,10 +115,11 @@ class Coordinator:
         return out
 
     def _prepare(self, latest: int) -> None:
-        """While the pass waits for contributions: derive the public gradient masks of the newest
-        version (momentum top-k, 20-30 ms on the demo model), which ingest needs for the first
-        contribution computed at it and the fold for all of them; done here, they leave the
-        version's critical path. A version's state is cached, so this runs once per version."""
+        """While the pass waits for contributions: have the public gradient masks of the newest
+        version ready, which ingest needs for the first contribution computed at it and the fold for
+        all of them. A version this process published holds the masks it derived to publish them;
+        after a restart they are read from the store here, off the version's critical path. A
+        version's state is cached, so this runs once per version."""
         self.ctx.grad_lengths(latest)
 
     def _finish_journalled(self) -> list[VersionFigures]:

@@ -72,14 +72,14 @@ def build_content(ctx, row: VersionDecision):
     subs, states = submissions(ctx, row.accepted)
     results = fold_version(ctx.spec, parent, subs, states, shards=ctx.shards)
     with phase("store"):
-        manifest, manifest_cid, record = publish_version_content(
+        content = publish_version_content(
             ctx.store, ctx.spec, parent, results, [AcceptedEntry(**e) for e in row.accepted],
             [RejectedEntry(**e) for e in row.rejected], row.closed_by)
     changed = {r.shard for r in results if r.submissions > 0}
-    sent = len(manifest.canonical_bytes()) + len(record.encode())
-    sent += sum(s.size for s in manifest.shards if s.index in changed)
+    sent = len(content.manifest.canonical_bytes()) + len(content.record.encode()) + content.masks_bytes
+    sent += sum(s.size for s in content.manifest.shards if s.index in changed)
     sent += sum(len(r.optimizer_state) for r in results if r.submissions > 0)
-    return folded_state(ctx.store, ctx.spec, parent, results, manifest, manifest_cid, record), sent
+    return folded_state(ctx.store, ctx.spec, parent, results, content), sent
 
 
 def complete_version(ctx, version: int) -> Published:

@@ -3,7 +3,7 @@
 Design decisions:
 - Inputs: the version's aggregation record (located by the on-chain record digest), the parent
   version's public state (weights, optimizer states, located by the parent's on-chain digests),
-  the learner versions' public masks, and the accepted contributions (`krill.audit.entries`).
+  the learner versions' public masks (derived from their momentum), and the accepted contributions (`krill.audit.entries`).
   The fold is `krill.protocol.step.fold_version`, the very function the coordinator publishes
   with, over the shards the record lists, so the same inputs give the same bits.
 - Outputs compared, each a row of the report: per shard the submission count, the new shard
@@ -11,7 +11,8 @@ Design decisions:
   aggregation statistics against the record; then the manifest rebuilt from the recomputed shards
   (parent's architecture and tokenizer, parent CID, version number) against the manifest digest
   on-chain and the manifest CID in the record. Shards the record does not list must be the
-  parent's, byte for byte.
+  parent's, byte for byte. The version's published masks are compared with the ones derived from
+  the recomputed optimizer states, and must be in the store as the record names them.
 - Rejections are the coordinator's judgement and cannot be recomputed; the audit checks that
   each names a real commit of the run, and that no commit is both accepted and rejected.
 """
@@ -129,6 +130,7 @@ def _recompute_and_compare(source: AuditSource, version: int, info, record, pare
         report.add(f"shard {s} weights", got == parent.manifest.shards[s],
                    "not in the record: unchanged from the parent" if got == parent.manifest.shards[s] else
                    "not in the record, yet differs from the parent's")
+    _compare_masks(source, version, record, parent, results, report)
     manifest = Manifest(version=version, parent=parent.manifest_cid, architecture=parent.manifest.architecture,
                         tokenizer=parent.manifest.tokenizer, shards=shards)
     data = manifest.canonical_bytes()
@@ -140,6 +142,34 @@ def _recompute_and_compare(source: AuditSource, version: int, info, record, pare
     report.add("manifest cid", cid == record.manifest_cid and record.manifest_cid == digest_to_cid(info.manifest_digest),
                f"{_short(cid)}" if cid == record.manifest_cid else
                f"record says {_short(record.manifest_cid)}, recomputed {_short(cid)}")
+
+
+def _compare_masks(source: AuditSource, version: int, record, parent, results, report: AuditReport) -> None:
+    """The record's masks against the ones the recomputed optimizer states give, and the stored blob."""
+    from krill.protocol.mask_blob import encode_masks
+    from krill.protocol.state import derive_masks
+    from krill.protocol.step import new_optimizer_states
+    from krill.store.cid import file_cid
+
+    spec, shapes = source.spec, parent.shapes()
+    try:
+        blob = encode_masks(derive_masks(spec, version, shapes, new_optimizer_states(parent, results)), shapes,
+                            spec.run_id.hex(), version)
+    except (StoreError, PayloadError, ModelError) as exc:
+        report.add("masks", False, f"could not derive: {exc}")
+        return
+    sha, cid = hashlib.sha256(blob).hexdigest(), file_cid(blob)
+    if (record.masks_sha256, record.masks_cid) != (sha, cid):
+        report.add("masks", False, f"record names sha256 {_short(record.masks_sha256)} cid {_short(record.masks_cid)}, "
+                                   f"the momentum gives {sha[:16]}… {_short(cid)}")
+        return
+    try:
+        stored = hashlib.sha256(source.store.get(record.masks_cid)).hexdigest() == sha
+    except StoreError as exc:
+        report.add("masks", False, f"match the momentum, but the blob is not retrievable: {exc}")
+        return
+    report.add("masks", stored, f"sha256 {sha[:16]}… matches the momentum" if stored else
+               "match the momentum, but the stored blob differs")
 
 
 def _compare_outcome(result, outcome, report: AuditReport) -> None:

@@ -5,7 +5,8 @@ Design decisions:
   contract address) or from the store by a CID that follows from an on-chain digest, and is
   checked on fetch by the core loaders (`load_chain_version`, `load_record`). Nothing comes from
   a database or from the coordinator's word, except what the record itself claims: that is what
-  the audit checks.
+  the audit checks. The gradient masks of the learner versions are derived from the momentum, not
+  read from the blobs the coordinator published (`masks_from_momentum`).
 - Versions, records and keys are cached per audit run, since consecutive versions share parents
   and learner versions (`--all` touches each only once or twice).
 """
@@ -49,7 +50,8 @@ class AuditSource:
     def state(self, version: int) -> VersionState:
         """The public state of `version` (manifest, record, lazily its shards and masks)."""
         if version not in self._versions:
-            self._versions[version] = load_chain_version(self.chain, self.store, self.spec, version)
+            self._versions[version] = load_chain_version(self.chain, self.store, self.spec, version,
+                                                         masks_from_momentum=True)
         return self._versions[version]
 
     def record(self, version: int) -> AggregationRecord:

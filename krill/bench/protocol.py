@@ -86,9 +86,10 @@ COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("close", "close (weigh, journal)"),
     ("aggregate", "aggregate (robust rule)"),
     ("optimizer", "optimizer (AdamW)"),
-    ("store", "store new shards, manifest, record"),
+    ("store", "store new shards, optimizer states, manifest, record"),
+    ("publish_masks", "masks of the new version (derive, store)"),
     ("publish_tx", "publish transaction"),
-    ("publish_other", "publish: parent load, masks"),
+    ("publish_other", "publish: parent and contributions load, rest"),
     ("settle", "settle rewards (transaction)"),
     ("index", "index sync (chain events)"),
     ("slash", "slash check"),
@@ -219,10 +220,11 @@ def coordinator_parts(row: dict) -> dict[str, float] | None:
     if not p:
         return None
     parts = {k: p.get(k, 0.0) for k in ("fetch", "validate", "replay", "close", "aggregate", "optimizer", "store",
-                                        "publish_tx", "settle", "index", "slash", "prepare", "eval")}
+                                        "publish_masks", "publish_tx", "settle", "index", "slash", "prepare", "eval")}
+    parts["store"] = max(0.0, parts["store"] - parts["publish_masks"])  # the masks are stored within "store"
     parts["ingest_other"] = max(0.0, p.get("ingest", 0.0) - parts["fetch"] - parts["validate"] - parts["replay"])
     parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
-                                 - parts["store"] - parts["publish_tx"])
+                                 - parts["store"] - parts["publish_masks"] - parts["publish_tx"])
     busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "prepare",
                                        "eval"))
     # The coordinator's own clock when it has one (block timestamps count whole seconds).
@@ -329,7 +331,7 @@ def markdown(r: dict) -> str:
     received, published = c["bytes_received_per_version"], c["bytes_published_per_version"]
     lines += ["", f"Bytes per version (median): received {fmt(received and received / 1e3, 1)} kB (the folded "
               f"contributions), published {fmt(published and published / 1e3, 1)} kB (changed shards, optimizer "
-              "states, manifest, record).", "", f"Benchmark wall time: {r['seconds']:.0f} s."]
+              "states, masks, manifest, record).", "", f"Benchmark wall time: {r['seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 
 

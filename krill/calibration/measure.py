@@ -202,7 +202,7 @@ class _SpecRun:
                                           shards=sorted(c.gradients), mean_reward=repr(float(c.rollouts.rewards.mean())),
                                           tokens=int(c.rollouts.n_tokens)))
         results = fold_version(self.spec, parent, subs, {version: parent})
-        manifest, _, record = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
+        manifest, _, record, *_ = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
         self.states[version + 1] = load_version(self.store, self.spec, version + 1,
                                                 hashlib.sha256(manifest.canonical_bytes()).digest(), record.digest)
 

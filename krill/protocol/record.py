@@ -8,6 +8,8 @@ Design decisions:
 - Weights and the trust they came from are written as decimal strings of the float64 the
   coordinator used (`repr`), so the audit feeds the aggregation exactly the same numbers.
 - Rejections are part of the record too: a contribution is never silently dropped.
+- Format 2 adds the version's gradient masks (`masks_cid`, `masks_sha256`): derived from the
+  optimizer states the record names, published so that workers need not fetch those states.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from krill.errors import PayloadError
 
-RECORD_FORMAT = "krill-aggregation-record/1"
+RECORD_FORMAT = "krill-aggregation-record/2"
 MAX_RECORD_BYTES = 256 * 1024
 
 
@@ -60,7 +62,7 @@ class ShardOutcome(_Strict):
 
 
 class AggregationRecord(_Strict):
-    format: str = Field(RECORD_FORMAT, pattern=r"^krill-aggregation-record/1$")
+    format: str = Field(RECORD_FORMAT, pattern=r"^krill-aggregation-record/2$")
     run_id: str = Field(pattern=r"^[0-9a-f]{64}$")
     version: int = Field(ge=1)
     parent_manifest_cid: str
@@ -70,6 +72,8 @@ class AggregationRecord(_Strict):
     accepted: list[AcceptedEntry]
     rejected: list[RejectedEntry]
     shards: list[ShardOutcome]
+    masks_cid: str = Field(description="Public gradient masks of this version (krill-masks/1 blob).")
+    masks_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     closed_by: str = Field(pattern=r"^(count|deadline)$", description="Why the version closed.")
 
     def encode(self) -> bytes:

@@ -7,6 +7,11 @@ Design decisions:
   `shared_masks(reference = AdamW momentum after version v's step, seed = H(run, v, name))`:
   public, identical for every party, and changing as the optimizer moves. Version 0, and shards
   never stepped, have no momentum: their masks are the seeded random share alone.
+- Those masks are published with the version (`krill.protocol.mask_blob`, named in the record), and
+  `masks()` reads them from there: a worker or verifier never fetches optimizer states, which are
+  twice the weights' size. Who must not take the coordinator's word for them derives them from the
+  momentum instead (`masks_from_momentum`: the audit, which also compares the two); version 0 and
+  a coordinator's own new version derive or preload them.
 - Tensors and optimizer states are fetched lazily and cached per object, since a worker needs
   every shard's weights but a coordinator serving some shards needs only those.
 """
@@ -14,6 +19,7 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +38,17 @@ def momentum_from_state(blob: bytes) -> dict[str, torch.Tensor]:
     return {key[2:]: t for key, t in load(blob).items() if key.startswith("m/")}
 
 
+def derive_masks(spec: RunSpec, version: int, shapes: dict[str, torch.Size],
+                 optimizer_states: list[bytes | None]) -> dict[str, torch.Tensor]:
+    """The public masks of gradients computed at `version`, from every shard's AdamW state after
+    that version's step (None: never stepped)."""
+    references: dict[str, torch.Tensor] = {}
+    for blob in optimizer_states:
+        if blob is not None:
+            references.update(momentum_from_state(blob))
+    return shared_masks(shapes, references or None, spec.compression, spec.run_id.hex(), version)
+
+
 @dataclass
 class VersionState:
     """One published version of a run."""
@@ -43,6 +60,7 @@ class VersionState:
     record: AggregationRecord | None
     record_cid: str | None
     store: object
+    masks_from_momentum: bool = False  # derive the masks instead of reading the published ones
     _tensors: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
@@ -74,17 +92,36 @@ class VersionState:
     def shapes(self) -> dict[str, torch.Size]:
         return {p.name: torch.Size(p.shape) for s in self.manifest.shards for p in s.parameters}
 
+    def preload_masks(self, masks: dict[str, torch.Tensor]) -> None:
+        """Set the masks from memory: the ones the process that published this version derived."""
+        self._masks = masks
+
     def masks(self) -> dict[str, torch.Tensor]:
-        """The public masks of gradients computed at this version (every tensor of every shard)."""
+        """The public masks of gradients computed at this version (every tensor of every shard): the
+        published blob's, or derived from the momentum (version 0, `masks_from_momentum`)."""
         if self._masks is None:
-            references: dict[str, torch.Tensor] = {}
-            for shard in range(self.manifest.num_shards):
-                blob = self.optimizer_state(shard)
-                if blob is not None:
-                    references.update(momentum_from_state(blob))
-            self._masks = shared_masks(self.shapes(), references or None, self.spec.compression,
-                                       self.spec.run_id.hex(), self.version)
+            if self.record is None or self.masks_from_momentum:
+                self._masks = self.derived_masks()
+            else:
+                self._masks = self.published_masks()
         return self._masks
+
+    def published_masks(self) -> dict[str, torch.Tensor]:
+        """The masks the record names, fetched and checked (sha256, names, sizes, density)."""
+        from krill.protocol.mask_blob import decode_masks
+
+        if self.record is None:
+            raise ModelError("version 0 has no published masks")
+        cap = sum(math.ceil(math.prod(shape) / 8) for shape in self.shapes().values()) + 64 * 1024  # + header
+        blob = self.store.get(self.record.masks_cid, max_bytes=cap)
+        if hashlib.sha256(blob).hexdigest() != self.record.masks_sha256:
+            raise ModelError(f"masks of version {self.version} do not match the record's sha256")
+        return decode_masks(blob, self.shapes(), self.spec.compression, self.spec.run_id.hex(), self.version)
+
+    def derived_masks(self) -> dict[str, torch.Tensor]:
+        """The masks derived from the optimizer states (what the published ones must equal)."""
+        return derive_masks(self.spec, self.version, self.shapes(),
+                            [self.optimizer_state(s) for s in range(self.manifest.num_shards)])
 
 
 def _find_optimizer_state(store, record: AggregationRecord | None, shard: int) -> bytes | None:
@@ -104,7 +141,8 @@ def _find_optimizer_state(store, record: AggregationRecord | None, shard: int) -
     return None
 
 
-def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, record_digest: bytes | None) -> VersionState:
+def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, record_digest: bytes | None,
+                 masks_from_momentum: bool = False) -> VersionState:
     """A version from the digests the chain holds for it."""
     from krill.model.publish import load_manifest
     from krill.store.cid import digest_to_cid
@@ -123,16 +161,16 @@ def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, rec
             raise ModelError(f"record of version {version} names another version or manifest")
     elif manifest_cid != spec.base_manifest_cid:
         raise ModelError(f"base manifest {manifest_cid} differs from the run spec's {spec.base_manifest_cid}")
-    return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store)
+    return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store, masks_from_momentum)
 
 
-def load_chain_version(chain, store, spec: RunSpec, version: int) -> VersionState:
+def load_chain_version(chain, store, spec: RunSpec, version: int, masks_from_momentum: bool = False) -> VersionState:
     """Version `version` of the run `spec` defines, located by the digests the chain holds."""
     info = chain.version_of(spec.run_id, version)
     if info.manifest_digest == b"\x00" * 32:
         raise ModelError(f"version {version} of run {spec.run_id.hex()[:16]}… is not published")
     record = None if version == 0 else info.record_digest
-    return load_version(store, spec, version, info.manifest_digest, record)
+    return load_version(store, spec, version, info.manifest_digest, record, masks_from_momentum)
 
 
 def load_run(chain, store, run_id: bytes) -> RunSpec:

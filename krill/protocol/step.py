@@ -24,6 +24,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -143,13 +144,32 @@ def _fold_version(spec: RunSpec, parent, submissions: list[Submission], learner_
     return out
 
 
+class VersionContent(NamedTuple):
+    """What `publish_version_content` stored."""
+
+    manifest: object
+    manifest_cid: str
+    record: object
+    masks: dict[str, torch.Tensor]  # the new version's public masks, as derived
+    masks_bytes: int  # size of their published blob
+
+
+def new_optimizer_states(parent, results: list[ShardResult]) -> list[bytes | None]:
+    """Every shard's AdamW state after the new version's step: the fold's, or the parent's where the
+    shard had no submissions or was not folded."""
+    folded = {r.shard: r.optimizer_state for r in results if r.submissions > 0}
+    return [folded[s] if s in folded else parent.optimizer_state(s) for s in range(parent.manifest.num_shards)]
+
+
 def publish_version_content(store, spec: RunSpec, parent, results: list[ShardResult], accepted: list,
-                            rejected: list, closed_by: str):
-    """Store the new shards, optimizer states, manifest and record; returns (manifest_cid, record)."""
+                            rejected: list, closed_by: str) -> VersionContent:
+    """Store the new shards, optimizer states, masks, manifest and record."""
     import hashlib
 
     from krill.model.publish import publish_update
+    from krill.protocol.mask_blob import encode_masks
     from krill.protocol.record import AggregationRecord, ShardOutcome, publish_record
+    from krill.protocol.state import derive_masks
 
     changed = {r.shard: r.tensors for r in results if r.submissions > 0}
     if changed:
@@ -165,21 +185,31 @@ def publish_version_content(store, spec: RunSpec, parent, results: list[ShardRes
                                      optimizer_state_sha256=sha, trimmed_fractions=[repr(float(x)) for x in r.trimmed_fractions],
                                      clipped=r.clipped, update_norm=repr(float(r.update_norm)),
                                      grad_norm=repr(float(r.grad_norm))))
-    record = AggregationRecord(run_id=spec.run_id.hex(), version=parent.version + 1,
+    version = parent.version + 1
+    with phase("publish_masks"):
+        shapes = parent.shapes()
+        masks = derive_masks(spec, version, shapes, new_optimizer_states(parent, results))
+        blob = encode_masks(masks, shapes, spec.run_id.hex(), version)
+        masks_cid = store.add(blob, pin=True)
+    record = AggregationRecord(run_id=spec.run_id.hex(), version=version,
                                parent_manifest_cid=parent.manifest_cid, parent_record_cid=parent.record_cid,
                                manifest_cid=manifest_cid, rule=spec.rule.model_dump(mode="json"),
-                               accepted=accepted, rejected=rejected, shards=outcomes, closed_by=closed_by)
+                               accepted=accepted, rejected=rejected, shards=outcomes,
+                               masks_cid=masks_cid, masks_sha256=hashlib.sha256(blob).hexdigest(), closed_by=closed_by)
     publish_record(store, record)
-    return manifest, manifest_cid, record
+    return VersionContent(manifest, manifest_cid, record, masks, len(blob))
 
 
-def folded_state(store, spec: RunSpec, parent, results: list[ShardResult], manifest, manifest_cid: str, record):
-    """The version `publish_version_content` stored, as a VersionState holding the fold's tensors and
-    optimizer states in memory (what loading it back from the store would give, without the reads)."""
+def folded_state(store, spec: RunSpec, parent, results: list[ShardResult], content: VersionContent):
+    """The version `publish_version_content` stored, as a VersionState holding the fold's tensors,
+    optimizer states and masks in memory (what loading it back from the store would give, without
+    the reads)."""
     from krill.protocol.state import VersionState
     from krill.store.cid import digest_to_cid
 
-    state = VersionState(spec, parent.version + 1, manifest, manifest_cid, record, digest_to_cid(record.digest), store)
+    state = VersionState(spec, parent.version + 1, content.manifest, content.manifest_cid, content.record,
+                         digest_to_cid(content.record.digest), store)
+    state.preload_masks(content.masks)
     for r in results:  # a shard without submissions keeps the parent's tensors (same CIDs) and state
         if r.submissions > 0:
             state.preload(r.shard, r.tensors, r.optimizer_state)

@@ -86,10 +86,15 @@ def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     return flat_indices(_top_mask(values, k))
 
 
+def mask_size(numel: int, config: CompressionConfig) -> int:
+    """How many of a tensor's `numel` coordinates its mask holds: ceil(density x numel), at least one."""
+    return min(numel, max(1, math.ceil(config.density * numel)))
+
+
 def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: CompressionConfig,
                 run: str, version: int) -> torch.Tensor:
     """Sorted int64 flat indices of the coordinates sent for tensor `name` at `version`."""
-    k = max(1, math.ceil(config.density * numel))
+    k = mask_size(numel, config)
     if k >= numel:
         return torch.arange(numel, dtype=torch.int64)
     k_explore = k if reference is None else int(round(config.explore_fraction * k))

@@ -93,7 +93,7 @@ def _record(manifest_cid: str) -> AggregationRecord:
         rejected=[RejectedEntry(commit_id=2, worker=FORGER, reason_code="wrong_rewards", reason="rewards differ")],
         shards=[ShardOutcome(shard=0, submissions=1, optimizer_state_cid=None, trimmed_fractions=["0.125"]),
                 ShardOutcome(shard=1, submissions=1, optimizer_state_cid=None, trimmed_fractions=["0.375"])],
-        closed_by="count")
+        masks_cid="bafkreimasks1", masks_sha256="0" * 64, closed_by="count")
 
 
 def fill_index_world(url: str, workdir: Path) -> SimpleNamespace:

@@ -145,7 +145,18 @@ class Run:
             nudged = dict(results[1].tensors)
             nudged[name] = nudged[name] + 1e-3
             results[1] = dataclasses.replace(results[1], tensors=nudged)
-        manifest, _, record = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
+        manifest, _, record, *_ = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
+        if tamper == "masks":  # well-formed masks (right sizes and counts) that the momentum does not give
+            from krill.protocol.mask_blob import encode_masks
+            from krill.protocol.record import publish_record
+            from krill.rl.compression import shared_masks
+
+            shapes = parent.shapes()
+            blob = encode_masks(shared_masks(shapes, None, self.spec.compression, self.spec.run_id.hex(), version),
+                                shapes, self.spec.run_id.hex(), version)
+            record = record.model_copy(update={"masks_cid": self.store.add(blob, pin=True),
+                                               "masks_sha256": hashlib.sha256(blob).hexdigest()})
+            publish_record(self.store, record)
         self.chain.publish_version(self.run_id, version, hashlib.sha256(manifest.canonical_bytes()).digest(),
                                    record.digest)
         total = sum(Fraction(a.weight) for a in accepted)
@@ -179,6 +190,7 @@ def run(tmp_path_factory):
         r.publish(4, [r.contribute(w1, 3, 3), r.contribute(w2, 3, 3)], tamper="manifest")
         r.publish(5, [r.contribute(w1, 4, 4), r.contribute(w2, 4, 4)], tamper="inconsistent-weight")
         r.publish(6, [r.contribute(w1, 5, 5), r.contribute(w2, 5, 5, withhold="grad-1.safetensors")])
+        r.publish(7, [r.contribute(w1, 6, 6), r.contribute(w2, 6, 6)], tamper="masks")
         yield r
     finally:
         node.stop()
@@ -236,16 +248,46 @@ def test_audit_fails_when_a_contribution_is_not_available(run):
     assert "not available" in detail
 
 
+def test_audit_names_published_masks_the_momentum_does_not_give(run):
+    code, report = _audit(run, 7)
+    assert code == 1
+    assert _failed(report) == ["masks"]
+    detail = next(c["detail"] for c in report["checks"] if c["name"] == "masks")
+    assert "the momentum gives" in detail
+    _, honest = _audit(run, 2)
+    assert next(c for c in honest["checks"] if c["name"] == "masks")["ok"]
+
+
+def test_workers_read_published_masks_without_fetching_optimizer_states(run):
+    from krill.protocol.state import load_chain_version
+
+    class Counting:
+        def __init__(self, store):
+            self.store, self.cids = store, []
+
+        def get(self, cid, **kw):
+            self.cids.append(cid)
+            return self.store.get(cid, **kw)
+
+    store = Counting(run.store)
+    state = load_chain_version(run.chain, store, run.spec, 2)
+    masks = state.masks()
+    states = {o.optimizer_state_cid for o in state.record.shards}
+    assert state.record.masks_cid in store.cids and not states & set(store.cids)
+    derived = load_chain_version(run.chain, run.store, run.spec, 2, masks_from_momentum=True).masks()
+    assert all(torch.equal(masks[n], derived[n]) for n in derived)
+
+
 def test_audit_all_prints_a_table_and_exits_1(run):
     result = run.invoke(audit, ["--all"])
     assert result.exit_code == 1
     assert "version 1: all checks match" in result.output and "version 2: all checks match" in result.output
-    for version in (3, 4, 5, 6):
+    for version in (3, 4, 5, 6, 7):
         assert f"version {version}: " in result.output and "MISMATCH" in result.output
     data = json.loads(run.invoke(audit, ["--all", "--json"]).output)
-    assert [v["ok"] for v in data["versions"]] == [True, True, False, False, False, False]
+    assert [v["ok"] for v in data["versions"]] == [True, True, False, False, False, False, False]
     last = json.loads(run.invoke(audit, ["--last", "2", "--json"]).output)
-    assert [v["version"] for v in last["versions"]] == [5, 6] and last["ok"] is False
+    assert [v["version"] for v in last["versions"]] == [6, 7] and last["ok"] is False
     assert run.invoke(audit, ["--last", "2", "--all"]).exit_code == 2
 
 

@@ -85,7 +85,7 @@ class WorkerEnv:
         values = {s: {n: rng.standard_normal(int(masks[n].numel())).astype(np.float32)
                       for n in parent.manifest.shard_names(s)} for s in range(parent.manifest.num_shards)}
         results = fold_version(run.spec, parent, [Submission(1, 1.0, parent.version, values)], {parent.version: parent})
-        manifest, _, record = publish_version_content(self.store, run.spec, parent, results, [], [], "deadline")
+        manifest, _, record, *_ = publish_version_content(self.store, run.spec, parent, results, [], [], "deadline")
         version = parent.version + 1
         chain.publish_version(run.run_id, version, hashlib.sha256(manifest.canonical_bytes()).digest(), record.digest)
         return version

@@ -59,7 +59,8 @@ def test_read_archive_refuses_what_write_archive_never_writes(bad):
 
 def _record(version, accepted, rejected=()):
     return AggregationRecord(run_id="ab" * 32, version=version, parent_manifest_cid="p", parent_record_cid=None,
-                             manifest_cid="m", rule={}, shards=[], closed_by="count", rejected=list(rejected),
+                             manifest_cid="m", rule={}, shards=[], masks_cid="k", masks_sha256="00" * 32, closed_by="count",
+                             rejected=list(rejected),
                              accepted=[AcceptedEntry(commit_id=c, worker=w, header_digest="00" * 32, model_version=0,
                                                      behaviour_version=0, staleness=0, trust="0.5", weight=wt,
                                                      shards=[0], mean_reward="0.0", tokens=10) for c, w, wt in accepted])

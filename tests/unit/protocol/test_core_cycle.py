@@ -108,15 +108,17 @@ def test_fold_publish_reload_is_deterministic_and_moves_weights(tiny_run):
     for r in first:
         moved = [n for n in r.tensors if not torch.equal(r.tensors[n], base.shard_tensors(r.shard)[n])]
         assert len(moved) >= len(r.tensors) - 1, sorted(set(r.tensors) - set(moved))
-    manifest, manifest_cid, record = publish_version_content(store, spec, base, first, accepted, [], "count")
+    content = publish_version_content(store, spec, base, first, accepted, [], "count")
+    manifest, record = content.manifest, content.record
     v1 = load_version(store, spec, 1, __import__("hashlib").sha256(manifest.canonical_bytes()).digest(), record.digest)
     assert v1.record == record and v1.optimizer_state(0) == first[0].optimizer_state
-    masks0, masks1 = base.masks(), v1.masks()
+    masks0, masks1 = base.masks(), v1.masks()  # v1's: the published blob, equal to what the momentum gives
+    assert all(torch.equal(masks1[n], m) for n, m in v1.derived_masks().items())
     assert any(not torch.equal(masks0[n], masks1[n]) for n in masks0)  # momentum now steers the mask
     assert np.allclose(v1.shard_tensors(1)[manifest.shard_names(1)[0]].numpy(),
                        first[1].tensors[manifest.shard_names(1)[0]].numpy())
     # The publisher keeps the version as it folded it (a coordinator's cache): the same as loading it back.
-    kept = folded_state(store, spec, base, first, manifest, manifest_cid, record)
+    kept = folded_state(store, spec, base, first, content)
     assert (kept.version, kept.manifest_cid, kept.record_cid) == (1, v1.manifest_cid, v1.record_cid)
     for shard in range(manifest.num_shards):
         assert kept.optimizer_state(shard) == v1.optimizer_state(shard)

@@ -1,0 +1,111 @@
+"""The published masks blob: exact round trip, stable bytes, and every malformed blob rejected by name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from krill.errors import ModelError, PayloadError
+from krill.protocol.mask_blob import decode_masks, encode_masks
+from krill.rl.compression import CompressionConfig, mask_size, shared_masks
+
+RUN = "ab" * 32
+SHAPES = {"a.weight": torch.Size([37, 11]), "b.bias": torch.Size([5]), "c.weight": torch.Size([64, 8])}
+CONFIG = CompressionConfig(density=0.25)
+
+
+def _masks(version=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    refs = {n: torch.randn(s, generator=g) for n, s in SHAPES.items()}
+    return shared_masks(SHAPES, refs, CONFIG, RUN, version)
+
+
+def test_round_trip_is_exact_and_bytes_are_a_function_of_the_masks():
+    masks = _masks()
+    blob = encode_masks(masks, SHAPES, RUN, 3)
+    assert blob == encode_masks(dict(reversed(list(masks.items()))), SHAPES, RUN, 3)
+    decoded = decode_masks(blob, SHAPES, CONFIG, RUN, 3)
+    assert list(decoded) == sorted(SHAPES)
+    for n in SHAPES:
+        assert decoded[n].dtype == torch.int64 and torch.equal(decoded[n], masks[n])
+        assert decoded[n].numel() == mask_size(SHAPES[n].numel(), CONFIG)
+    assert encode_masks(_masks(seed=1), SHAPES, RUN, 3) != blob
+    # 1 bit per coordinate, against 2 x 32 bits per coordinate for the AdamW state workers fetched before.
+    assert len(blob) < sum(s.numel() for s in SHAPES.values()) / 8 + 400
+
+
+def _raw(tensors, meta):
+    return st_save(tensors, metadata={"krill-masks": json.dumps(meta, sort_keys=True)})
+
+
+def _packed(masks):
+    out = {}
+    for n, s in SHAPES.items():
+        bits = np.zeros(s.numel(), dtype=bool)
+        bits[masks[n].numpy()] = True
+        out[n] = torch.from_numpy(np.packbits(bits, bitorder="little"))
+    return out
+
+
+META = {"format": "krill-masks/1", "run": RUN, "version": 3}
+
+
+@pytest.mark.parametrize("case, field, words", [
+    ("garbage", "masks", "not a safetensors"),
+    ("format", "masks", "krill-masks/1"),
+    ("version", "masks", "version 4"),
+    ("missing", "masks", "names differ"),
+    ("dtype", "masks/b.bias", "uint8"),
+    ("length", "masks/c.weight", "expected 64 uint8 bytes"),
+    ("padding", "masks/a.weight", "padding"),
+    ("count", "masks/c.weight", "density gives 128"),
+])
+def test_malformed_blobs_are_rejected_naming_what_is_wrong(case, field, words):
+    tensors, meta = _packed(_masks()), dict(META)
+    if case == "garbage":
+        blob = b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}"
+    else:
+        if case == "format":
+            meta["format"] = "krill-masks/0"
+        elif case == "version":
+            meta["version"] = 4
+        elif case == "missing":
+            del tensors["b.bias"]
+        elif case == "dtype":
+            tensors["b.bias"] = tensors["b.bias"].to(torch.int16)
+        elif case == "length":
+            tensors["c.weight"] = torch.cat([tensors["c.weight"], torch.zeros(1, dtype=torch.uint8)])
+        elif case == "padding":  # 407 coordinates: the last byte holds one unused bit
+            tensors["a.weight"] = tensors["a.weight"].clone()
+            tensors["a.weight"][-1] |= 0x80
+        elif case == "count":  # one coordinate more than the density allows
+            bits = np.unpackbits(tensors["c.weight"].numpy(), bitorder="little")
+            bits[np.flatnonzero(bits == 0)[0]] = 1
+            tensors["c.weight"] = torch.from_numpy(np.packbits(bits, bitorder="little"))
+        blob = _raw(tensors, meta)
+    with pytest.raises(PayloadError) as err:
+        decode_masks(blob, SHAPES, CONFIG, RUN, 3)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_a_version_rejects_masks_that_do_not_hash_to_its_record(tiny_run):
+    """A store answering other bytes for the record's masks CID is refused before they are used."""
+    store, spec, base, _workers = tiny_run
+
+    class Lying:
+        def get(self, cid, **kw):
+            return b"\x00" * 64
+
+    from types import SimpleNamespace
+
+    from krill.protocol.state import VersionState
+
+    record = SimpleNamespace(masks_cid="bafkreifake", masks_sha256=hashlib.sha256(b"x").hexdigest())
+    state = VersionState(spec, 1, base.manifest, base.manifest_cid, record, "bafkreirecord", Lying())
+    with pytest.raises(ModelError, match="sha256"):
+        state.masks()
