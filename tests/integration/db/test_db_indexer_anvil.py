@@ -12,8 +12,11 @@ from db_scenario import play
 
 from krill.chain.anvil import AnvilProcess
 from krill.chain.client import KrillChain
-from krill.chain.rpc import connect_http
+from krill.chain.deploy import TOKEN, deploy
+from krill.chain.rpc import connect_http, dev_account, mine
+from krill.chain.types import Role
 from krill.commands.index_cmd import index
+from krill.db import indexer as indexer_module
 from krill.db.indexer import Indexer
 from krill.db.models import INDEX_TABLES
 from krill.db.session import open_database, table_rows
@@ -145,8 +148,8 @@ def test_block_times_come_from_the_logs_and_equal_the_blocks(anvil_played, tmp_p
 
     class BlockReading(Indexer):
         def _logs(self, start, end):
-            events, _stamped = super()._logs(start, end)
-            return events, {}
+            events, _stamped, newest = super()._logs(start, end)
+            return events, {}, newest
 
     with open_database(f"sqlite:///{tmp_path / 'logs.db'}") as from_logs, \
             open_database(f"sqlite:///{tmp_path / 'blocks.db'}") as from_blocks:
@@ -156,3 +159,47 @@ def test_block_times_come_from_the_logs_and_equal_the_blocks(anvil_played, tmp_p
                      start_block=sc.deployment.block_number).sync()
         assert "eth_getBlockByNumber" in sent
         assert comparable(from_logs) == comparable(from_blocks)
+
+
+def test_an_indexer_reading_to_latest_skips_the_head_read_and_indexes_the_same(anvil_played, tmp_path, monkeypatch):
+    """`latest_logs` (the coordinator's indexer): after its first pass a pass is one `eth_getLogs` up
+    to `latest`, also when no block came (Anvil refuses a range that starts past its head, so the
+    query starts a block back); blocks without the contract's logs are caught up by a head read
+    every `HEAD_READ_S`; the rows equal a plain indexer's."""
+    node, _sc, _store = anvil_played
+    w3 = connect_http(node.rpc_url)
+    admin = dev_account(0)
+    deployment = deploy(w3, admin)  # a deployment of its own: the scenario's chain stays as played
+    chain = KrillChain(w3, deployment.protocol, admin)
+    sent: list[str] = []
+    original = w3.provider._make_request
+
+    def counting(method, params):
+        sent.append(method)
+        return original(method, params)
+
+    w3.provider._make_request = counting
+    with open_database(f"sqlite:///{tmp_path / 'latest.db'}") as db, \
+            open_database(f"sqlite:///{tmp_path / 'plain.db'}") as plain:
+        ix = Indexer(chain, db, start_block=deployment.block_number, latest_logs=True)
+        assert ix.sync().events > 0  # the deployment's own events; the head is read on a first pass
+        assert "eth_blockNumber" in sent
+        sent.clear()
+        quiet = ix.sync()
+        assert (quiet.events, sent) == (0, ["eth_getLogs"])
+        for amount in (101, 102):
+            chain.set_minimum_stake(Role.WORKER, amount * TOKEN)
+            head = w3.eth.block_number
+            sent.clear()
+            report = ix.sync()
+            assert (report.events, report.next_block, sent) == (1, head + 1, ["eth_getLogs"])
+        head = mine(w3, 3)  # blocks without the contract's logs: not read before HEAD_READ_S has passed
+        sent.clear()
+        behind = ix.sync()
+        assert (behind.next_block, sent) == (head - 2, ["eth_getLogs"])
+        monkeypatch.setattr(indexer_module, "HEAD_READ_S", 0.0)
+        sent.clear()
+        caught_up = ix.sync()
+        assert "eth_blockNumber" in sent and caught_up.next_block == head + 1
+        Indexer(chain, plain, start_block=deployment.block_number).sync()
+        assert comparable(db) == comparable(plain)
