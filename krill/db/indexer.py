@@ -29,8 +29,9 @@ Design decisions:
   at the start of the query and returns a block's logs whole. A pass that finds no logs reads the
   head as before at most once every `HEAD_READ_S`, so empty blocks do not pile up behind the
   cursor; until then the index may end a few blocks short of the head where the newest blocks
-  hold none of the contract's logs (token transfers, for one), which no role acts on. With confirmations above 0 the head must be read to know which blocks are buried deep
-  enough, so the option is ignored.
+  hold none of the contract's logs (token transfers, for one), which no role acts on. With
+  confirmations above 0 the head must be read to know which blocks are buried deep enough, so
+  the option is ignored.
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ class Indexer:
                 if self._apply(first, newest, events, stamped, report):
                     return self._fetch(report)
             elif time.monotonic() - self._head_read_at < HEAD_READ_S:
+                # no head read: the newest block known is the last one indexed
                 return self._fetch(SyncReport(from_block=first, next_block=first, safe_head=first - 1))
         first = self._cursor
         safe = self.safe_head()

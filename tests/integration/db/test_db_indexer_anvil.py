@@ -39,6 +39,19 @@ def comparable(db) -> dict:
     return rows
 
 
+def requests_sent(w3) -> list[str]:
+    """The JSON-RPC methods `w3` sends from now on, in order (the list grows as they are sent)."""
+    sent: list[str] = []
+    original = w3.provider._make_request
+
+    def counting(method, params):
+        sent.append(method)
+        return original(method, params)
+
+    w3.provider._make_request = counting
+    return sent
+
+
 def test_concurrent_indexers_apply_each_event_once(db_url, anvil_played, tmp_path):
     node, sc, store = anvil_played
     errors: list[BaseException] = []
@@ -137,14 +150,7 @@ def test_block_times_come_from_the_logs_and_equal_the_blocks(anvil_played, tmp_p
     rows equal those of an indexer that reads every event block (the path for nodes without it)."""
     node, sc, store = anvil_played
     w3 = connect_http(node.rpc_url)
-    sent: list[str] = []
-    original = w3.provider._make_request
-
-    def counting(method, params):
-        sent.append(method)
-        return original(method, params)
-
-    w3.provider._make_request = counting
+    sent = requests_sent(w3)
 
     class BlockReading(Indexer):
         def _logs(self, start, end):
@@ -171,14 +177,7 @@ def test_an_indexer_reading_to_latest_skips_the_head_read_and_indexes_the_same(a
     admin = dev_account(0)
     deployment = deploy(w3, admin)  # a deployment of its own: the scenario's chain stays as played
     chain = KrillChain(w3, deployment.protocol, admin)
-    sent: list[str] = []
-    original = w3.provider._make_request
-
-    def counting(method, params):
-        sent.append(method)
-        return original(method, params)
-
-    w3.provider._make_request = counting
+    sent = requests_sent(w3)
     with open_database(f"sqlite:///{tmp_path / 'latest.db'}") as db, \
             open_database(f"sqlite:///{tmp_path / 'plain.db'}") as plain:
         ix = Indexer(chain, db, start_block=deployment.block_number, latest_logs=True)
