@@ -116,21 +116,27 @@ def _protocol_md(r: dict) -> list[str]:
     p, trl = r.get("protocol"), r["summary"].get("trl")
     if p is None:
         return ["Full protocol (`krill demo`): not measured in this run (pass `--demo-db` with a finished demo's "
-                "`krill.db` to add its time to each target).", ""]
-    setup = "" if p.get("setup_seconds") is None else (
-        f"; set-up to version 1 ({p['setup_seconds']:.0f} s) and the coordinator's evaluations "
-        f"({p['eval_seconds']:.0f} s) off the clock")
-    lines = [f"## Full protocol (`krill demo`, {p['db']}: {p['versions']} versions in {p['seconds']:.0f} s{setup})", "",
-             *([p["note"], ""] if p.get("note") else []),
-             "Protocol time: the coordinator's own clock between publications, less its evaluations, summed from "
-             "version 1's publication (version 1's seconds are mostly the workers' start-up, left out as TRL's "
-             "set-up is), up to the first of its evaluations (500 held-out prompts, every few versions) at or "
-             "above the target; TRL's is its median training time to the same target.", "",
-             "| target | protocol seconds | TRL median seconds | protocol / TRL |", "|---|---:|---:|---:|"]
+                "`krill.db`, once per demo, to add its time to each target).", ""]
+    demos = p["demos"]
+    lines = [f"## Full protocol ({len(demos)} `krill demo` run{'s' * (len(demos) != 1)})", ""]
+    for i, d in enumerate(demos, 1):
+        setup = "" if d.get("setup_seconds") is None else (
+            f"; set-up to version 1 ({d['setup_seconds']:.0f} s) and the coordinator's evaluations "
+            f"({d['eval_seconds']:.0f} s) off the clock")
+        lines.append(f"- demo {i}: {d['db']}: {d['versions']} versions in {d['seconds']:.0f} s{setup}")
+    lines += ["", "Protocol time: the coordinator's own clock between publications, less its evaluations, summed from "
+              "version 1's publication (version 1's seconds are mostly the workers' start-up, left out as TRL's "
+              "set-up is), up to the first of its evaluations (500 held-out prompts, every few versions) at or "
+              "above the target; the median over demos (a demo that never got there counts as slowest) against "
+              "TRL's median training time to the same target.", "",
+              "| target | " + " | ".join(f"demo {i} s" for i in range(1, len(demos) + 1))
+              + " | protocol median s | TRL median s | protocol / TRL |",
+              "|---|" + "---:|" * (len(demos) + 3)]
     for key, seconds in p["time_to"].items():
         tt = trl["time_to"].get(key) if trl else None
         ratio = None if seconds is None or not tt else seconds / tt
-        lines.append(f"| {round(100 * float(key))}% | {_num(seconds)} | {_num(tt)} | {_num(ratio, '{:.2f}')} |")
+        lines.append(f"| {round(100 * float(key))}% | " + " | ".join(_num(d["time_to"][key]) for d in demos)
+                     + f" | {_num(seconds)} | {_num(tt)} | {_num(ratio, '{:.2f}')} |")
     return lines + [""]
 
 
@@ -149,9 +155,9 @@ def plot(r: dict, path: Path) -> Path:
         ys = [100 * row[3] for row in run["curve"]]
         ax.plot(xs, ys, color=colours[run["system"]], alpha=0.8, marker=".", linestyle=styles[run["seed"] % 4],
                 label=f"{run['system']} seed {run['seed']}")
-    if p := r.get("protocol"):
-        ax.plot([row[1] for row in p["curve"]], [100 * row[3] for row in p["curve"]], color="tab:green",
-                marker=".", label="krill demo (full protocol)")
+    for i, demo in enumerate((r.get("protocol") or {}).get("demos", [])):
+        ax.plot([row[1] for row in demo["curve"]], [100 * row[3] for row in demo["curve"]], color="tab:green",
+                marker=".", linestyle=styles[i % 4], label=f"krill demo {i + 1} (full protocol)")
     for target in r["settings"]["targets"]:
         ax.axhline(100 * target, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xlabel("training time (s, evaluation excluded)")
@@ -183,11 +189,12 @@ def plot(r: dict, path: Path) -> Path:
 @click.option("--threads", type=click.IntRange(0, 256), default=None,
               help="torch CPU threads per run (default 1; 0: torch's default, one per core).")
 @click.option("--skip-trl", is_flag=True, help="Run only the Krill side (noted in the output).")
-@click.option("--demo-db", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="A finished `krill demo`'s krill.db: add the full protocol's time to each target.")
+@click.option("--demo-db", "demo_dbs", type=click.Path(dir_okay=False, exists=True, path_type=Path), multiple=True,
+              help="A finished `krill demo`'s krill.db: add the full protocol's time to each target (repeat it "
+                   "for several demos: the median over them is compared).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (progress goes to stderr).")
 def rl(size: str | None, out_dir: Path, seeds: int | None, seconds: float | None, threads: int | None,
-       skip_trl: bool, demo_db: Path | None, as_json: bool) -> None:
+       skip_trl: bool, demo_dbs: tuple[Path, ...], as_json: bool) -> None:
     """Time to accuracy and steps/min: `krill train local` against TRL's GRPOTrainer, matched settings."""
     from krill.bench.rl_compare import run_compare
 
@@ -197,7 +204,7 @@ def rl(size: str | None, out_dir: Path, seeds: int | None, seconds: float | None
         click.echo(line, err=as_json)
 
     result = run_compare(size, echo, seeds=seeds, seconds=seconds, threads=threads, skip_trl=skip_trl,
-                         demo_db=demo_db)
+                         demo_dbs=demo_dbs)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / ("rl" if size == "default" else f"rl-{size}")
     text = markdown(result)

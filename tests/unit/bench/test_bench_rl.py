@@ -53,32 +53,56 @@ def test_trl_reward_is_the_tasks_strict_reward_on_the_completion_ids():
     assert got == [1.0, 0.0, 0.0] and means == [1 / 3]
 
 
-def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluation(tmp_path):
+def _demo_db(path, rows: list, evals: list):
+    """A demo database holding only what `protocol_times` reads: metrics rows and evaluations."""
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
     from krill.db.models import Eval, Metric, StateBase
 
-    db = tmp_path / "krill.db"
-    engine = create_engine(f"sqlite:///{db}")
+    engine = create_engine(f"sqlite:///{path}")
     StateBase.metadata.create_all(engine)
-    # Version 1 (set-up: the workers' start-up) has no clock reading; version 3's whole block seconds
-    # stand in for a missing one; version 2 and 4 spent part of their seconds evaluating.
-    rows = [(1, 26.0, None), (2, 3.0, {"clock_seconds": 2.5, "phases": {"eval": 0.5}}), (3, 4.0, {"phases": {}}),
-            (4, 1.0, {"clock_seconds": 1.25, "phases": {"eval": 0.25, "index": 0.1}})]
     with Session(engine) as s:
         for v, seconds, extra in rows:
             s.add(Metric(run_id="ab" * 32, version=v, accepted=1, rejected=0, wall_seconds=seconds, extra=extra))
-        for v, acc in [(0, 0.2), (2, 0.35), (4, 0.45)]:
+        for v, acc in evals:
             s.add(Eval(run_id="ab" * 32, version=v, task="arithmetic:1", split="eval", n=20, correct=round(20 * acc),
                        accuracy=acc))
         s.commit()
     engine.dispose()
+    return path
+
+
+def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluation(tmp_path):
+    # Version 1 (set-up: the workers' start-up) has no clock reading; version 3's whole block seconds
+    # stand in for a missing one; version 2 and 4 spent part of their seconds evaluating.
+    rows = [(1, 26.0, None), (2, 3.0, {"clock_seconds": 2.5, "phases": {"eval": 0.5}}), (3, 4.0, {"phases": {}}),
+            (4, 1.0, {"clock_seconds": 1.25, "phases": {"eval": 0.25, "index": 0.1}})]
+    db = _demo_db(tmp_path / "krill.db", rows, [(0, 0.2), (2, 0.35), (4, 0.45)])
     p = protocol_times(db, (0.3, 0.4, 0.5))
     assert p["versions"] == 4 and p["seconds"] == 7.0
     assert p["setup_seconds"] == 26.0 and p["eval_seconds"] == 0.75
     assert p["curve"] == [[0, 0.0, None, 0.2], [2, 2.0, None, 0.35], [4, 7.0, None, 0.45]]
     assert p["time_to"] == {"0.3": 2.0, "0.4": 7.0, "0.5": None}
+
+
+def test_several_demos_give_the_median_time_and_each_demos_row(tmp_path):
+    from krill.bench.rl_compare import protocol_summary
+    from krill.commands.bench_rl import _protocol_md
+
+    rows = [(1, 20.0, None)] + [(v, 1.0, {"clock_seconds": 1.0}) for v in range(2, 8)]
+    dbs = [_demo_db(tmp_path / f"demo{i}.db", rows, [(0, 0.2), (v30, 0.3), (v40, 0.4)])
+           for i, (v30, v40) in enumerate([(3, 7), (5, 6), (2, 4)])]
+    demos = [protocol_times(db, (0.3, 0.4, 0.5)) for db in dbs]
+    p = protocol_summary(demos, (0.3, 0.4, 0.5))
+    # version v is v - 1 s after version 1's publication; a target no demo reached has no median
+    assert [d["time_to"]["0.3"] for d in demos] == [2.0, 4.0, 1.0] and p["time_to"]["0.3"] == 2.0
+    assert p["time_to"]["0.4"] == 5.0 and p["time_to"]["0.5"] is None
+    assert p["reached"] == {"0.3": 3, "0.4": 3, "0.5": 0} and p["runs"] == 3
+    md = "\n".join(_protocol_md({"protocol": p, "summary": {"trl": {"time_to": {"0.3": 4.0, "0.4": 4.0, "0.5": 9.0}}}}))
+    assert "## Full protocol (3 `krill demo` runs)" in md and f"- demo 2: {dbs[1]}: 7 versions in 6 s" in md
+    assert "| 30% | 2 | 4 | 1 | 2 | 4 | 0.50 |" in md and "| 40% | 6 | 5 | 3 | 5 | 4 | 1.25 |" in md
+    assert "| 50% | - | - | - | - | 9 | - |" in md
 
 
 def test_tiny_size_writes_every_figure(tmp_path):
