@@ -14,6 +14,9 @@ Design decisions:
   the process with its traceback (the journal makes the restart safe).
 - Slashing runs before ingest and the index is re-synced after a slash, so a worker jailed in
   this pass has its remaining contributions rejected as `jailed` in the same pass.
+- The index's content (commit headers, version manifests: what the explorer shows) is fetched in
+  passes that wait for contributions, not in the index passes on a version's critical path
+  (`Indexer(content_in_sync=False)`; none of the coordinator's decisions read those rows).
 - Version 0 is evaluated at start; version t when t is a multiple of `eval_every` (and the last
   version when `max_versions` stops the loop), so the demo always has a final figure.
 """
@@ -112,6 +115,8 @@ class Coordinator:
         else:
             with phase("prepare"):
                 self._prepare(latest)
+            with phase("index_content"):  # headers and manifests for the index, off the critical path
+                self.indexer.fetch_due_content()
         return out
 
     def _prepare(self, latest: int) -> None:
@@ -198,6 +203,7 @@ class Coordinator:
                 with recording(self.phases):
                     published = self.step()
                 if self.done():
+                    self.indexer.fetch_due_content()  # the last versions' headers and manifests
                     return
                 delay = self.options.poll_interval_s
                 if published:

@@ -94,6 +94,7 @@ COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("index", "index sync (chain events)"),
     ("slash", "slash check"),
     ("prepare", "masks of the newest version (while waiting)"),
+    ("index_content", "index content: headers, manifests (while waiting)"),
     ("eval", "evaluation (not protocol)"),
 )
 
@@ -220,13 +221,14 @@ def coordinator_parts(row: dict) -> dict[str, float] | None:
     if not p:
         return None
     parts = {k: p.get(k, 0.0) for k in ("fetch", "validate", "replay", "close", "aggregate", "optimizer", "store",
-                                        "publish_masks", "publish_tx", "settle", "index", "slash", "prepare", "eval")}
+                                        "publish_masks", "publish_tx", "settle", "index", "slash", "prepare",
+                                        "index_content", "eval")}
     parts["store"] = max(0.0, parts["store"] - parts["publish_masks"])  # the masks are stored within "store"
     parts["ingest_other"] = max(0.0, p.get("ingest", 0.0) - parts["fetch"] - parts["validate"] - parts["replay"])
     parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
                                  - parts["store"] - parts["publish_masks"] - parts["publish_tx"])
     busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "prepare",
-                                       "eval"))
+                                       "index_content", "eval"))
     # The coordinator's own clock when it has one (block timestamps count whole seconds).
     wall = row.get("clock_seconds", row.get("wall_seconds"))
     return parts | {"busy": busy, "wall": float(wall or 0.0), "accepted": row["accepted"]}

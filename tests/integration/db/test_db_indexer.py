@@ -139,6 +139,36 @@ def test_unavailable_content_is_retried_and_never_stops_ingest(db, played, tmp_p
     assert status.lag_blocks == 0 and status.headers == {"available": 3, "invalid": 2}
 
 
+def test_content_is_fetched_when_due_and_outside_the_passes_when_asked(db, played, tmp_path):
+    from sqlalchemy import event
+
+    from krill.db.indexer import SyncReport
+
+    sc, store = played
+    private = LocalStore(shutil.copytree(store.root, tmp_path / "store"))
+    ix = indexer(sc, db, private, content_in_sync=False)  # the coordinator's: passes index events only
+    assert ix.sync().fetched == {}
+    with db.session() as s:
+        assert {h.status for h in s.scalars(select(Header))} == {FetchStatus.PENDING}
+    report = SyncReport(0, 0, 0)
+    assert ix.fetch_due_content(report)
+    assert report.fetched == {"headers_available": 2, "headers_unavailable": 1, "headers_invalid": 2,
+                              "manifests_available": 2}
+    private.put_block(sc.withheld["withheld"])
+    report = SyncReport(0, 0, 0)
+    assert ix.fetch_due_content(report)  # the unavailable header is retried
+    assert report.fetched == {"headers_available": 1}
+    statements: list[str] = []
+    event.listen(db.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    # nothing pending: neither a pass nor a fetch asks the database for pending rows
+    assert not ix.fetch_due_content() and ix.sync().events == 0
+    plain = indexer(sc, db, private)
+    plain.sync()  # a new process's first pass fetches (rows may be pending), then only when due
+    statements.clear()
+    assert plain.sync().fetched == {} and not plain.fetch_due_content()
+    assert statements == []
+
+
 def test_fetch_attempts_are_capped(db, played):
     sc, store = played
     ix = indexer(sc, db, store, max_fetch_attempts=2)
