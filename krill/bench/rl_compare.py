@@ -187,6 +187,13 @@ def _median(values: list[float | None]) -> float | None:
     return None if m is None or math.isinf(m) else m
 
 
+def _times_to(curves: list[list[list[float]]], targets: tuple[float, ...]) -> tuple[dict, dict]:
+    """Over `curves`: the median time to each target (a curve that never got there counts as slower
+    than any that did) and how many got there, keyed by `str(target)`."""
+    times = {str(t): [time_to(curve, t) for curve in curves] for t in targets}
+    return ({k: _median(v) for k, v in times.items()}, {k: sum(x is not None for x in v) for k, v in times.items()})
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -198,15 +205,16 @@ def summarise(runs: list[dict], targets: tuple[float, ...]) -> dict:
         rs = [r for r in runs if r["system"] == system]
         if not rs:
             continue
+        medians, reached = _times_to([r["curve"] for r in rs], targets)
         out[system] = {
             "runs": len(rs),
             "steps_per_min": _median([r["steps_per_min"] for r in rs]),
             "steps_per_cpu_min": _median([r["steps_per_cpu_min"] for r in rs]),
             "final_accuracy": _median([r["final_accuracy"] for r in rs]),
             "base_accuracy": _median([r["base_accuracy"] for r in rs]),
-            "time_to": {str(t): _median([time_to(r["curve"], t) for r in rs]) for t in targets},
+            "time_to": medians,
             "steps_to": {str(t): _median([steps_to(r["curve"], t) for r in rs]) for t in targets},
-            "reached": {str(t): sum(time_to(r["curve"], t) is not None for r in rs) for t in targets},
+            "reached": reached,
         }
     if "krill" in out and "trl" in out:
         k, t = out["krill"], out["trl"]
@@ -270,9 +278,8 @@ def protocol_summary(demos: list[dict], targets: tuple[float, ...]) -> dict:
     target for tens of versions, and which evaluation first reads it decides the figure), so the
     comparison with TRL's median over seeds takes the median over demos, counted like `summarise`'s
     (a demo that never got there is slower than any that did)."""
-    return {"demos": demos, "runs": len(demos),
-            "time_to": {str(t): _median([d["time_to"][str(t)] for d in demos]) for t in targets},
-            "reached": {str(t): sum(d["time_to"][str(t)] is not None for d in demos) for t in targets}}
+    medians, reached = _times_to([d["curve"] for d in demos], targets)
+    return {"demos": demos, "runs": len(demos), "time_to": medians, "reached": reached}
 
 
 def trl_available() -> bool:
