@@ -92,3 +92,19 @@ def test_build_spec_couples_the_staleness_bounds_and_sizes_the_caps(tmp_path):
         build_spec("unit", manifest, cid, 2, {"chain": {"max_staleness": 1}, "staleness": {"max_staleness": 2}})
     with pytest.raises(ConfigError, match="run spec"):
         build_spec("unit", manifest, cid, 2, {"version": {"contributions": 0}})
+
+
+def test_the_run_context_keeps_only_the_versions_a_contribution_can_still_be_computed_at():
+    """Published versions (`adopt`) and loaded ones share one bound: a long run's coordinator holds
+    max_staleness + 3 version states, not every version it published (13 MB each in the demo)."""
+    from types import SimpleNamespace
+
+    from krill.coordinator.context import RunContext
+    from krill.protocol.spec import ChainSpec
+
+    spec = _spec(chain=ChainSpec(max_staleness=2))
+    ctx = RunContext(chain=None, store=None, db=None, spec=spec, chain_id=31337)
+    for version in range(1, 41):
+        ctx.adopt(SimpleNamespace(version=version))
+    assert ctx.cached_versions() == [36, 37, 38, 39, 40]
+    assert ctx.state(38).version == 38  # still served from memory (no chain or store here)
