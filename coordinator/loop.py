@@ -58,7 +58,6 @@ class Coordinator:
 
     def __init__(self, ctx, indexer, options: LoopOptions, echo: Callable[[str], None] = print):
         self.ctx, self.indexer, self.options, self.echo = ctx, indexer, options, echo
-        self.published: list[VersionFigures] = []
         # Wall time per phase since the last published version (`run` records it; krill.phases); each
         # version's metrics row carries it, and the seconds since the previous version on this
         # process's clock (`clock_seconds`), for `krill bench protocol`.
@@ -171,7 +170,6 @@ class Coordinator:
         record_metrics(ctx, f, extra or None)
         for e in row.accepted:
             ctx.forget(int(e["commit_id"]))
-        self.published.append(f)
         self.echo(status_line(f))
         return f
 
