@@ -35,3 +35,32 @@ def test_events_filter_by_kind_and_include_token(staked):
     assert any(t.recipient == env.deployment.protocol for t in with_token)
     ordered = [(e.block_number, e.log_index) for e in all_events]
     assert ordered == sorted(ordered)
+
+
+def test_asked_for_some_kinds_the_node_sends_only_their_logs(staked, monkeypatch):
+    """The kinds become the query's topics: the node answers with those logs alone, so a verifier
+    polling for `Committed` decodes no attestation, seal or publication. A kind with no ABI event
+    matches nothing (an empty topic list would match every log) and the cursor still advances."""
+    from dataclasses import dataclass
+
+    from krill.chain.events import ChainEvent
+
+    env = staked
+    eth, answered = env.admin.w3.eth, []
+    real = eth.get_logs
+    monkeypatch.setattr(eth, "get_logs", lambda query: answered.append(real(query)) or answered[-1])
+    everything = list(env.admin.events(0))
+    answered.clear()
+    stream = env.admin.event_stream(0)
+    wanted = stream.poll((Staked, RunCreated))
+    assert wanted == [e for e in everything if isinstance(e, (Staked, RunCreated))] and wanted
+    assert sum(len(logs) for logs in answered) == len(wanted) < len(everything)
+
+    @dataclass(frozen=True)
+    class NotAnEvent(ChainEvent):
+        pass
+
+    other = env.admin.event_stream(0)
+    answered.clear()
+    assert other.poll((NotAnEvent,)) == [] and answered == []
+    assert other.next_block == stream.next_block

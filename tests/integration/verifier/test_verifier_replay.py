@@ -62,6 +62,30 @@ def test_a_commit_the_draw_passes_over_is_skipped_without_sealing(run_env, tmp_p
     assert not env.at(VERIFIER).attestation_of(commit_id, env.address(VERIFIER)).exists
 
 
+def test_commits_the_draw_passes_over_share_one_head_read_per_pass(run_env, tmp_path, monkeypatch):
+    """Three commits skipped in one pass cost one read of the head, and one read of each randomness
+    block (the block after each commit), not one of each per commit."""
+    from krill.verifier import select
+
+    real = select.drawn
+    monkeypatch.setattr(select, "drawn", lambda randomness, commit_id, key, ppm: real(randomness, commit_id, key, 1))
+    env, lines = run_env, []
+    start = env.head()
+    ids = [env.produce(worker)[0] for worker in (WORKER_A, WORKER_B, WORKER_A)]
+    env.mine(1)  # the last commit's randomness block
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    calls: list[tuple] = []
+    chain = loop.chain
+    for name in ("block_number", "block_hash"):
+        method = getattr(chain, name)
+        monkeypatch.setattr(chain, name, lambda *a, _m=method, _n=name: calls.append((_n, *a)) or _m(*a))
+    loop.step()
+    assert [loop.state.decision(c).status for c in ids] == [SKIPPED] * 3
+    blocks = sorted({env.at(VERIFIER).commit_of(c).commit_block + 1 for c in ids})
+    assert [c for c in calls if c[0] == "block_number"] == [("block_number",)], calls
+    assert sorted(c[1] for c in calls if c[0] == "block_hash") == blocks
+
+
 @pytest.mark.parametrize(("tamper", "failed", "field"), [
     ("signature", "signature", "header.ed25519_key"),
     ("rewards", "rewards", None),
