@@ -173,11 +173,11 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
     pipeline = SubmitPipeline(s.contributor)
     if config.worker.watch_interval_s > 0:
-        from krill.chain.heads import HeadWaiter
+        from krill.chain.heads import HeadWaiter, publications_of
 
+        heads = HeadWaiter.for_chain(s.chain, publications_of(s.chain.address, s.spec.run_id))
         s.contributor.watcher = VersionWatcher(s.contributor.source, config.worker.watch_interval_s,
-                                               on_new_version=lambda _: eligible(),
-                                               heads=HeadWaiter.for_chain(s.chain)).start()
+                                               on_new_version=lambda _: eligible(), heads=heads).start()
     try:
         _contribute_loop(s, config, pipeline, tally, limit, check_stake)
     finally:

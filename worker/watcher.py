@@ -16,6 +16,12 @@ Design decisions:
 - With `heads` (a `krill.chain.heads.HeadWaiter` subscribed to the node's new blocks) the thread
   reads when a block is announced, and at the latest every `interval_s`: a version is published
   in a block, so it is seen as soon as it exists, and no read is spent on an unchanged chain.
+- With `heads` subscribed to the run's publications (`krill.chain.heads.publications_of`, what
+  the worker uses) the thread reads only when a publication is announced: on a connection that
+  announced none since the last read, the chain cannot have a newer version, so the reading stays
+  fresh without a read. It still reads every `QUIET_READ_S`, and after any reconnection (a dropped
+  connection may have missed an announcement). On the demo this took the watchers' reads from
+  about ten per version (one per block) to one.
 - Without one (a node with no WebSocket): a worker that has its share of the newest version waits
   for the next one (`wait_newer`); while it waits, the thread reads every `HURRY_INTERVAL_S`
   (50 ms) instead of every `interval_s`, and wakes the worker as soon as it sees a newer version:
@@ -39,6 +45,7 @@ from krill.phases import phase, recording
 from krill.worker.errors import WorkerError
 
 HURRY_INTERVAL_S = 0.05
+QUIET_READ_S = 2.0  # subscribed to publications, the thread still reads this often
 
 
 class VersionWatcher:
@@ -142,18 +149,37 @@ class VersionWatcher:
         with self._news:
             self._news.notify_all()
 
+    def _vouched(self, now: float, since: tuple[int, float] | None) -> bool:
+        """Whether the subscription vouches that the last reading is still the newest version: it
+        waits for publications, announced none on the connection open since the reading `since`
+        (connection number, time), which is under `QUIET_READ_S` old and already fetched. If so,
+        the reading is refreshed without a read."""
+        heads, seen = self.heads, self._seen
+        if (heads is None or heads.logs is None or since is None or seen is None or not heads.subscribed()
+                or heads.connections != since[0] or now - since[1] > QUIET_READ_S or seen[0] != self._fetched):
+            return False
+        self._seen = (seen[0], now)
+        return True
+
     def _run(self) -> None:
+        announced, since = True, None  # since: (connection, time) of the last read on a subscription
         while not self._stop.is_set():
             started = time.monotonic()
-            try:
-                self.poll()
-            except Exception:  # chain or store unreachable: the value goes stale and the worker reads itself
-                self.errors += 1
+            if announced or not self._vouched(started, since):
+                if self.heads is not None and self.heads.subscribed():
+                    since = (self.heads.connections, started)
+                try:
+                    self.poll()
+                except Exception:  # chain or store unreachable: the value goes stale and the worker reads itself
+                    self.errors += 1
+                    since = None
             self._notify()
             if self.heads is not None and self.heads.subscribed():
-                # A new version comes with a block: read at each one, at the latest every interval.
-                self.heads.wait(max(0.0, self.interval_s - (time.monotonic() - started)), self._stop)
+                # A new version comes with a block (or, subscribed to them, a publication): read at each
+                # one; at the latest every interval (or, subscribed to publications, `QUIET_READ_S`).
+                announced = self.heads.wait(max(0.0, self.interval_s - (time.monotonic() - started)), self._stop)
                 continue
+            announced = True
             interval = HURRY_INTERVAL_S if self._waiting else self.interval_s
             self._wake.wait(max(0.0, min(interval, self.interval_s) - (time.monotonic() - started)))
             self._wake.clear()

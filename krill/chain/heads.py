@@ -15,6 +15,12 @@ Design decisions:
 - Announcements that piled up are drained at once: one wake-up per wait, however many blocks came.
   The waiter says only that the chain moved; the caller reads what it needs.
 - One waiter per waiting thread: a websockets sync connection has one reader.
+- A waiter can wait for some logs instead of every block (`logs`: an `eth_subscribe` `logs` filter,
+  for example `publications_of`: a run's `VersionPublished`). A worker's version watcher waits
+  for publications: on the demo a version came with about ten blocks (commits, seals,
+  attestations, settlement), each of which had the watcher read the run from the chain for nothing.
+  `connections` counts the subscriptions opened, so a caller can tell that nothing it waits for was
+  announced on one connection (a dropped one may have missed some).
 """
 
 from __future__ import annotations
@@ -41,16 +47,18 @@ def ws_url_of(rpc_url: str | None) -> str | None:
 class HeadWaiter:
     """Waits for the next block the node at `rpc_url` announces (see the module docstring)."""
 
-    def __init__(self, rpc_url: str | None):
+    def __init__(self, rpc_url: str | None, logs: dict | None = None):
         self.url = ws_url_of(rpc_url)
+        self.logs = logs  # an `eth_subscribe` logs filter (address, topics); None: every new block
         self._ws = None
         self._next_try = 0.0
         self.announced = 0  # wake-ups by an announcement (for tests and figures)
+        self.connections = 0  # subscriptions opened so far
 
     @classmethod
-    def for_chain(cls, chain) -> HeadWaiter:
+    def for_chain(cls, chain, logs: dict | None = None) -> HeadWaiter:
         """A waiter on the node `chain` (a KrillChain, or anything with `.w3`) talks to over HTTP."""
-        return cls(getattr(chain.w3.provider, "endpoint_uri", None))
+        return cls(getattr(chain.w3.provider, "endpoint_uri", None), logs)
 
     def subscribed(self) -> bool:
         """Whether announcements arrive (connecting first when due)."""
@@ -101,7 +109,8 @@ class HeadWaiter:
         except Exception:  # noqa: BLE001 - no WebSocket at this node: stay on plain sleeps
             return
         try:
-            request = {"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": ["newHeads"]}
+            params = ["newHeads"] if self.logs is None else ["logs", self.logs]
+            request = {"jsonrpc": "2.0", "id": 1, "method": "eth_subscribe", "params": params}
             ws.send(json.dumps(request))
             answer = json.loads(ws.recv(timeout=CONNECT_TIMEOUT_S))
             if not isinstance(answer, dict) or not answer.get("result"):
@@ -110,6 +119,7 @@ class HeadWaiter:
             ws.close()
             return
         self._ws = ws
+        self.connections += 1
 
     def _drop(self) -> None:
         ws, self._ws = self._ws, None
@@ -120,3 +130,10 @@ class HeadWaiter:
 
     def close(self) -> None:
         self._drop()
+
+
+def publications_of(protocol_address: str, run_id: bytes) -> dict:
+    """The logs filter of a run's `VersionPublished` events (runId is the first indexed argument)."""
+    from krill.chain.events import VersionPublished, topics_of
+
+    return {"address": protocol_address, "topics": [topics_of((VersionPublished,)), "0x" + bytes(run_id).hex()]}

@@ -1,4 +1,5 @@
-"""Waking on new blocks: Anvil's newHeads subscription, and plain sleeps where there is none."""
+"""Waking on new blocks (Anvil's newHeads subscription) or on a run's publications (a logs
+subscription), and plain sleeps where there is none."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from krill.chain.anvil import AnvilProcess, free_port
-from krill.chain.heads import HeadWaiter, ws_url_of
+from krill.chain.heads import HeadWaiter, publications_of, ws_url_of
 from krill.chain.rpc import connect_http, mine
 
 
@@ -54,3 +55,23 @@ def test_without_a_websocket_the_waiter_sleeps_the_timeout_and_honours_stop():
     started = time.monotonic()
     assert waiter.wait(5.0, stop) is False and time.monotonic() - started < 0.5
     assert HeadWaiter(None).wait(0.01) is False  # an in-process chain: no URL
+
+
+def test_subscribed_to_a_runs_publications_only_a_publication_of_that_run_wakes_the_waiter(staked):
+    from chain_constants import RUN_ID, digest
+
+    env = staked
+    if env.backend != "anvil":
+        pytest.skip("an in-process chain has no WebSocket")
+    waiter = HeadWaiter.for_chain(env.admin, publications_of(env.admin.address, RUN_ID))
+    other = HeadWaiter.for_chain(env.admin, publications_of(env.admin.address, b"\x01" * 32))
+    try:
+        assert waiter.subscribed() and other.subscribed() and waiter.connections == 1
+        env.at(2).commit(RUN_ID, 0, 0, digest("h"))  # a block with a Committed log: no publication
+        assert waiter.wait(0.3) is False
+        env.coordinator.publish_version(RUN_ID, 1, digest("m1"), digest("r1"))
+        assert waiter.wait(5.0) is True and waiter.announced == 1
+        assert other.wait(0.3) is False  # another run's waiter
+    finally:
+        waiter.close()
+        other.close()

@@ -236,3 +236,54 @@ def test_an_unreachable_chain_during_the_stake_check_is_only_an_error():
         assert watcher.problem is None and watcher.latest() == 2
     finally:
         watcher.stop()
+
+
+class ScriptedPublications:
+    """A `HeadWaiter` subscribed to publications: `announce()` wakes the waiting thread, `drop()`
+    ends the connection and opens another (as a reconnect after a drop would)."""
+
+    def __init__(self):
+        self.logs = {"topics": ["VersionPublished"]}
+        self.connections = 1
+        self._news = threading.Event()
+
+    def subscribed(self):
+        return True
+
+    def wait(self, timeout_s, stop=None):
+        woke = self._news.wait(timeout_s)
+        self._news.clear()
+        return woke
+
+    def announce(self):
+        self._news.set()
+
+    def drop(self):
+        self.connections += 1
+
+    def close(self):
+        pass
+
+
+def test_subscribed_to_publications_the_watcher_reads_only_when_one_is_announced(monkeypatch):
+    """No read while the connection announces no publication (the reading stays fresh all the
+    same), one read per announcement, and one after a reconnection or `QUIET_READ_S`."""
+    from krill.worker import watcher as module
+
+    monkeypatch.setattr(module, "QUIET_READ_S", 0.5)
+    source, heads = SwitchableSource(5), ScriptedPublications()
+    watcher = VersionWatcher(source, interval_s=0.01, heads=heads).start()
+    try:
+        assert _wait_for(lambda: watcher.latest() == 5)
+        reads = source.reads
+        time.sleep(0.2)  # twenty intervals, no publication
+        assert source.reads == reads and watcher.latest() == 5  # fresh (max age 0.02 s) without a read
+        source.answers[0] = 6
+        heads.announce()
+        assert _wait_for(lambda: watcher.latest() == 6) and source.fetched == [5, 6]
+        assert source.reads == reads + 1
+        heads.drop()
+        assert _wait_for(lambda: source.reads == reads + 2, timeout=0.3)  # a new connection: read again
+        assert _wait_for(lambda: source.reads == reads + 3, timeout=1.0)  # and after QUIET_READ_S anyway
+    finally:
+        watcher.stop()
