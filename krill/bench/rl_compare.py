@@ -249,12 +249,15 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
     engine = create_engine(f"sqlite:///{Path(db_path).resolve()}")
     try:
         with Session(engine) as s:
-            rows = s.execute(select(Metric.version, Metric.wall_seconds, Metric.extra).order_by(Metric.version)).all()
+            rows = s.execute(select(Metric.version, Metric.accepted, Metric.wall_seconds, Metric.extra)
+                             .order_by(Metric.version)).all()
             evals = s.execute(select(Eval.version, Eval.accuracy).where(Eval.split == "eval")
                               .order_by(Eval.version)).all()
     finally:
         engine.dispose()
     elapsed, at, setup, evaluating = 0.0, {0: 0.0}, 0.0, 0.0
+    folded = [accepted for version, accepted, _, _ in rows if version >= 2]
+    rows = [(version, wall, extra) for version, _, wall, extra in rows]
     for version, wall, extra in rows:
         extra = extra or {}
         seconds = extra.get("clock_seconds", wall) or 0.0
@@ -266,9 +269,25 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
             evaluating += eval_s
         at[version] = round(elapsed, 3)
     curve = [[version, at[version], None, accuracy] for version, accuracy in evals if version in at]
+    prompts, group = _demo_rollout(Path(db_path).parent / "spec.toml")
+    per_version = statistics.median(folded) if folded else None
     return {"db": str(db_path), "versions": rows[-1][0] if rows else 0, "seconds": round(elapsed, 3),
             "setup_seconds": round(setup, 3), "eval_seconds": round(evaluating, 3), "curve": curve,
+            "contributions_per_version": per_version, "prompts_per_contribution": prompts, "group_size": group,
             "time_to": {str(t): time_to(curve, t) for t in targets}}
+
+
+def _demo_rollout(spec_file: Path) -> tuple[int | None, int | None]:
+    """(prompts per contribution, samples per prompt) of a demo's run, from the spec overrides it
+    wrote beside its database and the spec's defaults; (None, None) where there is no such file."""
+    import tomllib
+
+    from krill.protocol.spec import RolloutSpec
+
+    if not spec_file.is_file():
+        return None, None
+    rollout = RolloutSpec(**tomllib.loads(spec_file.read_text()).get("rollout", {}))
+    return rollout.prompts_per_contribution, rollout.group_size
 
 
 def protocol_summary(demos: list[dict], targets: tuple[float, ...]) -> dict:

@@ -123,6 +123,9 @@ def _protocol_md(r: dict) -> list[str]:
         setup = "" if d.get("setup_seconds") is None else (
             f"; set-up to version 1 ({d['setup_seconds']:.0f} s) and the coordinator's evaluations "
             f"({d['eval_seconds']:.0f} s) off the clock")
+        if d.get("contributions_per_version") is not None and d.get("prompts_per_contribution"):
+            setup += (f"; {d['contributions_per_version']:g} contributions of {d['prompts_per_contribution']} "
+                      f"prompts x {d['group_size']} samples folded per version (median)")
         lines.append(f"- demo {i}: {d['db']}: {d['versions']} versions in {d['seconds']:.0f} s{setup}")
     lines += ["", "Protocol time: the coordinator's own clock between publications, less its evaluations, summed from "
               "version 1's publication (version 1's seconds are mostly the workers' start-up, left out as TRL's "

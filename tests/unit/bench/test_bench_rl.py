@@ -84,6 +84,10 @@ def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluat
     assert p["setup_seconds"] == 26.0 and p["eval_seconds"] == 0.75
     assert p["curve"] == [[0, 0.0, None, 0.2], [2, 2.0, None, 0.35], [4, 7.0, None, 0.45]]
     assert p["time_to"] == {"0.3": 2.0, "0.4": 7.0, "0.5": None}
+    assert p["contributions_per_version"] == 1 and p["prompts_per_contribution"] is None  # no spec.toml beside it
+    (tmp_path / "spec.toml").write_text("[rollout]\nprompts_per_contribution = 16\n")
+    p = protocol_times(db, (0.3,))
+    assert (p["contributions_per_version"], p["prompts_per_contribution"], p["group_size"]) == (1, 16, 8)
 
 
 def test_several_demos_give_the_median_time_and_each_demos_row(tmp_path):
