@@ -257,8 +257,7 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
         engine.dispose()
     elapsed, at, setup, evaluating = 0.0, {0: 0.0}, 0.0, 0.0
     folded = [accepted for version, accepted, _, _ in rows if version >= 2]
-    rows = [(version, wall, extra) for version, _, wall, extra in rows]
-    for version, wall, extra in rows:
+    for version, _, wall, extra in rows:
         extra = extra or {}
         seconds = extra.get("clock_seconds", wall) or 0.0
         eval_s = min((extra.get("phases") or {}).get("eval", 0.0), seconds)

@@ -45,7 +45,8 @@ def ws_url_of(rpc_url: str | None) -> str | None:
 
 
 class HeadWaiter:
-    """Waits for the next block the node at `rpc_url` announces (see the module docstring)."""
+    """Waits for the next block the node at `rpc_url` announces, or the next log matching `logs`
+    (see the module docstring)."""
 
     def __init__(self, rpc_url: str | None, logs: dict | None = None):
         self.url = ws_url_of(rpc_url)
