@@ -86,9 +86,10 @@ COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("close", "close (weigh, journal)"),
     ("aggregate", "aggregate (robust rule)"),
     ("optimizer", "optimizer (AdamW)"),
-    ("store", "store new shards, optimizer states, manifest, record"),
+    ("store", "store new shards, manifest, record (optimizer states hashed)"),
     ("publish_masks", "masks of the new version (derive, store)"),
     ("publish_tx", "publish transaction"),
+    ("store_states", "store optimizer states (after the transaction)"),
     ("publish_other", "publish: parent and contributions load, rest"),
     ("settle", "settle rewards (transaction)"),
     ("index", "index sync (chain events)"),
@@ -221,12 +222,13 @@ def coordinator_parts(row: dict) -> dict[str, float] | None:
     if not p:
         return None
     parts = {k: p.get(k, 0.0) for k in ("fetch", "validate", "replay", "close", "aggregate", "optimizer", "store",
-                                        "publish_masks", "publish_tx", "settle", "index", "slash", "prepare",
+                                        "publish_masks", "publish_tx", "store_states", "settle", "index", "slash", "prepare",
                                         "index_content", "eval")}
     parts["store"] = max(0.0, parts["store"] - parts["publish_masks"])  # the masks are stored within "store"
     parts["ingest_other"] = max(0.0, p.get("ingest", 0.0) - parts["fetch"] - parts["validate"] - parts["replay"])
     parts["publish_other"] = max(0.0, p.get("publish", 0.0) - parts["aggregate"] - parts["optimizer"]
-                                 - parts["store"] - parts["publish_masks"] - parts["publish_tx"])
+                                 - parts["store"] - parts["publish_masks"] - parts["publish_tx"]
+                                 - parts["store_states"])
     busy = sum(p.get(k, 0.0) for k in ("index", "ingest", "close", "publish", "settle", "slash", "prepare",
                                        "index_content", "eval"))
     # The coordinator's own clock when it has one (block timestamps count whole seconds).

@@ -152,6 +152,9 @@ class VersionContent(NamedTuple):
     record: object
     masks: dict[str, torch.Tensor]  # the new version's public masks, as derived
     masks_bytes: int  # size of their published blob
+    # Optimizer states the record names but that are not stored yet (`defer_states`): the caller
+    # stores them with `store.put_prepared` once it has published the version.
+    pending_states: tuple = ()
 
 
 def new_optimizer_states(parent, results: list[ShardResult]) -> list[bytes | None]:
@@ -162,8 +165,11 @@ def new_optimizer_states(parent, results: list[ShardResult]) -> list[bytes | Non
 
 
 def publish_version_content(store, spec: RunSpec, parent, results: list[ShardResult], accepted: list,
-                            rejected: list, closed_by: str) -> VersionContent:
-    """Store the new shards, optimizer states, masks, manifest and record."""
+                            rejected: list, closed_by: str, defer_states: bool = False) -> VersionContent:
+    """Store the new shards, optimizer states, masks, manifest and record.
+
+    `defer_states`: name the optimizer states in the record (CID and sha256) without storing them,
+    and return them as `pending_states`; two thirds of a version's bytes, which no worker reads."""
     import hashlib
 
     from krill.model.publish import publish_update
@@ -176,11 +182,16 @@ def publish_version_content(store, spec: RunSpec, parent, results: list[ShardRes
         manifest, manifest_cid = publish_update(store, parent.manifest, parent.manifest_cid, changed, parent.version + 1)
     else:
         raise ModelError("a version needs at least one shard with submissions")
-    outcomes = []
+    outcomes, pending = [], []
     for r in results:
         cid = sha = None
         if r.submissions > 0:
-            cid, sha = store.add(r.optimizer_state, pin=True), hashlib.sha256(r.optimizer_state).hexdigest()
+            if defer_states:
+                pending.append(store.prepare(r.optimizer_state))
+                cid = pending[-1].cid
+            else:
+                cid = store.add(r.optimizer_state, pin=True)
+            sha = hashlib.sha256(r.optimizer_state).hexdigest()
         outcomes.append(ShardOutcome(shard=r.shard, submissions=r.submissions, optimizer_state_cid=cid,
                                      optimizer_state_sha256=sha, trimmed_fractions=[repr(float(x)) for x in r.trimmed_fractions],
                                      clipped=r.clipped, update_norm=repr(float(r.update_norm)),
@@ -197,7 +208,7 @@ def publish_version_content(store, spec: RunSpec, parent, results: list[ShardRes
                                accepted=accepted, rejected=rejected, shards=outcomes,
                                masks_cid=masks_cid, masks_sha256=hashlib.sha256(blob).hexdigest(), closed_by=closed_by)
     publish_record(store, record)
-    return VersionContent(manifest, manifest_cid, record, masks, len(blob))
+    return VersionContent(manifest, manifest_cid, record, masks, len(blob), tuple(pending))
 
 
 def folded_state(store, spec: RunSpec, parent, results: list[ShardResult], content: VersionContent):

@@ -4,6 +4,10 @@ Design decisions:
 - A store is a small abstract class: `add` (a whole file, Kubo's UnixFS CID), `put_block` (one raw
   block, CID from its sha256 alone), `get` (bytes, capped), `has`, `pin`, `unpin`, `close`. Roles
   see only this; the backend is chosen by the config's `type` (`local`, `kubo`, `embedded-kubo`).
+- `prepare` + `put_prepared` split `add` in two: the CID now (hashing only), the write later. The
+  coordinator names a version's optimizer states in its record before the publication transaction
+  and writes them after it, off the critical path of the workers, who do not read them. A
+  blockstore-backed store keeps the blocks it hashed, so nothing is hashed twice.
 - The store is never trusted. `get` returns only bytes it has checked against the CID asked for
   (and against a sha256 when the caller knows one, as headers do for their files); size caps are
   enforced while reading, before anything large is held in memory.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,9 +30,19 @@ from krill.errors import IntegrityError, StoreError
 from krill.store.cid import MAX_BLOCK_SIZE, normalize_cid, raw_block_cid
 from krill.store.unixfs import ObjectTooLargeError, build_file_dag, iter_file
 
-__all__ = ["BlockBackedStore", "Content", "ContentStore", "ObjectTooLargeError", "open_store"]
+__all__ = ["BlockBackedStore", "Content", "ContentStore", "ObjectTooLargeError", "PreparedContent", "open_store"]
 
 Content = bytes | bytearray | memoryview | Path | BinaryIO
+
+
+@dataclass(frozen=True)
+class PreparedContent:
+    """Content whose CID is known and which is not stored yet (`ContentStore.prepare`)."""
+
+    cid: str
+    size: int
+    data: bytes | None = field(default=None, repr=False)  # the bytes, where the backend adds them whole
+    blocks: tuple[tuple[str, bytes], ...] | None = field(default=None, repr=False)  # or its built DAG
 
 
 class ContentStore(ABC):
@@ -40,6 +55,20 @@ class ContentStore(ABC):
     @abstractmethod
     def add(self, data: Content, pin: bool = False) -> str:
         """Store a file; return the CID `ipfs add --cid-version 1 --raw-leaves` gives it."""
+
+    def prepare(self, data: bytes) -> PreparedContent:
+        """The CID `add(data)` will return, computed without writing anything; `put_prepared` stores it."""
+        from krill.store.cid import file_cid
+
+        data = bytes(data)
+        return PreparedContent(cid=file_cid(data), size=len(data), data=data)
+
+    def put_prepared(self, prepared: PreparedContent, pin: bool = False) -> str:
+        """Store what `prepare` returned (idempotent); returns its CID."""
+        cid = self.add(prepared.data, pin=pin)
+        if cid != prepared.cid:
+            raise IntegrityError(f"content prepared as {prepared.cid} was stored as {cid}")
+        return cid
 
     def put_block(self, block: bytes, pin: bool = False) -> str:
         """Store one raw block (at most 1 MiB); its CID is `digest_to_cid(sha256(block))`."""
@@ -120,6 +149,20 @@ class BlockBackedStore(ContentStore):
         if pin:
             self.pin(cids[-1])
         return cids[-1]
+
+    def prepare(self, data: bytes) -> PreparedContent:
+        data = bytes(data)
+        blocks = tuple(build_file_dag(data))
+        return PreparedContent(cid=blocks[-1][0], size=len(data), blocks=blocks)
+
+    def put_prepared(self, prepared: PreparedContent, pin: bool = False) -> str:
+        if prepared.blocks is None:
+            return super().put_prepared(prepared, pin=pin)
+        for cid, block in prepared.blocks:
+            self._write_block(cid, block)
+        if pin:
+            self.pin(prepared.cid)
+        return prepared.cid
 
     def _put_raw(self, cid: str, block: bytes) -> None:
         self._write_block(cid, block)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from sqlalchemy import select
 
 from krill.db.models import Contribution, ContributionStatus
@@ -43,6 +45,10 @@ def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinato
         assert proc.returncode == -9, f"{point}: exit {proc.returncode}\n{out}"
         latest = env.chain.run_of(env.run_id).latest_version
         assert latest == (1 if point == "published" else 0), point
+    # Killed after the transaction: the record names optimizer states that are not stored yet.
+    states = [o.optimizer_state_cid for o in load_record(env.store, env.chain.version_of(env.run_id, 1).record_digest).shards
+              if o.optimizer_state_cid is not None]
+    assert states and not any(env.store.has(cid) for cid in states)
     proc = env.spawn(*args)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
@@ -53,6 +59,10 @@ def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinato
     assert env.chain.run_of(env.run_id).latest_version == 1 and got.settled
     record = load_record(env.store, got.record_digest)
     assert [e.commit_id for e in record.accepted] == ids  # each applied once, none lost
+    for outcome in record.shards:  # the restart stored them, with the bytes the record names
+        if outcome.optimizer_state_cid is not None:
+            blob = env.store.get(outcome.optimizer_state_cid)
+            assert hashlib.sha256(blob).hexdigest() == outcome.optimizer_state_sha256
     ctx, _ = env.context()
     with ctx.db.session() as s:
         rows = list(s.scalars(select(Contribution).order_by(Contribution.commit_id)))

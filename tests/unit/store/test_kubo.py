@@ -124,6 +124,15 @@ def test_round_trip_and_request_shape(kubo):
     assert all("timeout" in p for c, p in handler.seen if c in ("cat", "block/get"))
 
 
+def test_prepared_content_is_added_when_put(kubo):
+    store, handler = kubo
+    data = random.Random(4).randbytes(2 * CHUNK_SIZE + 9)
+    prepared = store.prepare(data)
+    assert prepared.cid == file_cid(data) and handler.seen == []  # nothing sent yet
+    assert store.put_prepared(prepared, pin=True) == prepared.cid
+    assert [c for c, _ in handler.seen] == ["add"] and store.get(prepared.cid) == data
+
+
 def test_answers_are_verified(kubo):
     store, handler = kubo
     data = random.Random(2).randbytes(CHUNK_SIZE + 10)

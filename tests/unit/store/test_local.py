@@ -31,6 +31,18 @@ def test_add_get_round_trip_with_kubo_cids(store, tmp_path):
     assert store.add(b"hello world\n") == raw_block_cid(b"hello world\n")
 
 
+def test_prepared_content_has_adds_cid_and_is_written_only_when_put(store):
+    data = random.Random(5).randbytes(3 * CHUNK_SIZE + 7)
+    prepared = store.prepare(data)
+    assert prepared.cid == file_cid(data) and prepared.size == len(data)
+    assert not store.has(prepared.cid)
+    with pytest.raises(ContentNotFoundError):
+        store.get(prepared.cid)
+    assert store.put_prepared(prepared, pin=True) == prepared.cid
+    assert store.get(prepared.cid) == data and prepared.cid in store.pins()
+    assert store.put_prepared(prepared) == prepared.cid  # idempotent
+
+
 def test_get_checks_sha256_and_caps(store):
     data = random.Random(2).randbytes(2 * CHUNK_SIZE)
     cid = store.add(data)
