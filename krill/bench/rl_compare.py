@@ -15,7 +15,9 @@ Design decisions:
   the same numbers `krill train local` reports) at fixed training-time checkpoints (every
   `eval_every_s` seconds, checked after each optimizer step) and at the end, so both systems
   are sampled on the same time grid whatever their step rate. Model loading, trainer set-up
-  and the dataset are outside the clock, for both.
+  and the dataset are outside the clock, for both. The grid is 5 s at the default size (15 s
+  until 2026-12-06: TRL's 60 s to 50% then stood for anything in 45-60 s, while a demo, which
+  evaluates every few versions, was read to the second).
 - Runs alternate (Krill seed 0, TRL seed 0, Krill seed 1, ...) so slow drifts in a shared
   machine's load hit both sides alike; each run records the load average and the CPU time other
   processes used meanwhile (/proc/stat busy time minus this process's), so the output can say
@@ -70,9 +72,9 @@ class RLSize:
 SIZES: dict[str, RLSize] = {
     "tiny": RLSize(seeds=1, seconds=60.0, max_steps=3, eval_every_s=3600.0, eval_n=16, workers=2,
                    prompts_per_worker=2, group_size=4, targets=(0.3,), dataset_size=64, tiny_model=True),
-    "default": RLSize(seeds=3, seconds=180.0, max_steps=None, eval_every_s=15.0, eval_n=500, workers=8,
+    "default": RLSize(seeds=3, seconds=180.0, max_steps=None, eval_every_s=5.0, eval_n=500, workers=8,
                       prompts_per_worker=4, group_size=8),
-    "full": RLSize(seeds=5, seconds=600.0, max_steps=None, eval_every_s=30.0, eval_n=500, workers=8,
+    "full": RLSize(seeds=5, seconds=600.0, max_steps=None, eval_every_s=10.0, eval_n=500, workers=8,
                    prompts_per_worker=4, group_size=8),
 }
 

@@ -92,3 +92,24 @@ def test_create_run_then_one_version_with_forged_and_stale_contributions(coordin
     assert metric.sampled_tokens > 0 and metric.extra["closed_by"] == "count"
     assert evals == [0, 1]
     assert any(line.startswith("v1 ") and "accepted   2 rejected   1" in line for line in lines), lines
+
+
+def test_after_its_first_pass_the_coordinator_reads_the_run_only_to_publish_and_settle(coordinator_env):
+    from krill.coordinator.loop import Coordinator, LoopOptions
+
+    env = coordinator_env()
+    for index in (1, 2):
+        account, who = env.stake(index)
+        header, files = env.produce(who, nonce=0)
+        env.upload(header, files)
+        env.commit(account, header)
+    ctx, indexer = env.context()
+    reads = []
+    run_of = ctx.chain.run_of
+    ctx.chain.run_of = lambda run_id: reads.append(run_id) or run_of(run_id)
+    coordinator = Coordinator(ctx, indexer, LoopOptions(eval_every=0, max_versions=3), echo=lambda _: None)
+    assert [f.version for f in coordinator.step()] == [1]
+    assert len(reads) == 3  # the pass's own read, then publication and settlement read it once each
+    for _ in range(3):  # passes waiting for contributions to version 2
+        assert coordinator.step() == []
+    assert len(reads) == 3 and not coordinator.done()
