@@ -11,6 +11,9 @@ Design decisions:
   older version has zeros where its mask did not reach). The robust rule runs on that space, the
   result is scattered to dense gradients, and the shard's AdamW takes one step.
 - A shard with no submission keeps its weights and optimizer state.
+- `publish_version_content` can leave the optimizer states unwritten (`defer_states`): the record
+  names them by CID and sha256, and the caller stores them once the version is on-chain (the
+  coordinator does, so the publication does not wait for two thirds of a version's bytes).
 - Threads: the fold runs with one torch thread whatever the caller set, and puts the caller's
   count back. torch splits large reductions (norms, sums) across threads, so their last bits
   depend on the thread count; a coordinator on 1 thread and an auditor on 2 then disagreed on
