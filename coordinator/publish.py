@@ -14,7 +14,9 @@ Design decisions:
 - The optimizer states (two thirds of a version's bytes: AdamW's two moments per weight) are
   named in the record before the transaction and written after it (`defer_states`): the workers
   wait for the publication and read only the weights and masks, so the states' writes leave the
-  version's critical path (29 ms of a demo version's 0.45 s, 2026-12-06). The row is marked
+  version's critical path (the store before the transaction fell from 86 to 60 ms a demo version
+  in paired demos, 2026-12-06; on the demo's shared cores the writes after it still cost the
+  CPU, so its seconds per version hardly moved). The row is marked
   published only once they are stored, so a crash in between leaves it `stored`, and the restart
   recomputes and writes them (the recovery above).
 - Once the transaction has landed, the new version's state is cached as the fold left it in memory
