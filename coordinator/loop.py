@@ -75,14 +75,19 @@ class Coordinator:
 
     # ------------------------------------------------------------------ one pass
 
+    def latest_version(self) -> int:
+        """The run's latest version: read from the chain once, then the versions this process
+        publishes (the run's only publisher; see the module docstring)."""
+        if self._latest is None:
+            self._latest = self.ctx.chain.run_of(self.ctx.run_id).latest_version
+        return self._latest
+
     def done(self) -> bool:
         """True once `max_versions` is published and settled."""
         limit = self.options.max_versions
         if limit is None:
             return False
-        if self._latest is None:
-            self._latest = self.ctx.chain.run_of(self.ctx.run_id).latest_version
-        if self._latest < limit:
+        if self.latest_version() < limit:
             return False
         with self.ctx.db.session() as s:
             return not unfinished(s, self.ctx.run_hex)
@@ -103,9 +108,7 @@ class Coordinator:
                 self.echo(line)
             with phase("index"):
                 self.indexer.sync()
-        if self._latest is None:  # once; then the versions this process publishes (the run's only publisher)
-            self._latest = ctx.chain.run_of(ctx.run_id).latest_version
-        latest = self._latest
+        latest = self.latest_version()
         if self.options.max_versions is not None and latest >= self.options.max_versions:
             return out
         version = latest + 1
