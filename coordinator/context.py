@@ -9,6 +9,9 @@ Design decisions:
   behind it: a version holds about 13 MB of the demo model's tensors and optimizer states, and
   published versions were once kept without that limit (the demo coordinator grew to 5.9 GB in
   400 versions, and its versions slowed by a fifth in the second half).
+- The context is the `FoldReplay` of the versions it loads: where the store lacks a version's
+  optimizer states (stored every `optimizer_state_every` versions), the fold is run again from the
+  record's accepted contributions, fetched and validated as at ingest, with the record's weights.
 - Validated contributions are cached in memory by commit id (their gradients are what the fold
   consumes); after a restart the cache is empty and they are fetched and validated again, which
   gives the same values because everything is content-addressed.
@@ -30,6 +33,7 @@ class RunContext:
     spec: object                  # RunSpec
     chain_id: int
     shards: list[int] | None = None
+    optimizer_state_every: int = 10  # store the optimizer states at every this many versions
     _states: dict[int, object] = field(default_factory=dict, repr=False)
     _contributions: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
@@ -51,8 +55,18 @@ class RunContext:
         from krill.protocol.state import load_chain_version
 
         if version not in self._states:
-            self._cache_state(load_chain_version(self.chain, self.store, self.spec, version))
+            self._cache_state(load_chain_version(self.chain, self.store, self.spec, version, replay=self))
         return self._states[version]
+
+    def fold_inputs(self, version: int, record) -> tuple[list, dict[int, object]]:
+        """The submissions published `version`'s record accepted, and their learner states (`FoldReplay`)."""
+        from krill.coordinator.publish import submissions
+
+        return submissions(self, [entry.model_dump(mode="json") for entry in record.accepted])
+
+    def keeps_states(self, version: int) -> bool:
+        """Whether `version`'s optimizer states are stored (else named by sha256 and replayed)."""
+        return version % self.optimizer_state_every == 0
 
     def adopt(self, state) -> None:
         """Cache `state`, a version this process just published (its chain digests are the state's)."""
@@ -130,4 +144,5 @@ def open_run_context(config, stack, shards: list[int] | None = None) -> RunConte
     if served is not None and any(not 0 <= s < spec.num_shards for s in served):
         raise ConfigError(f"--shards {served}: the run has shards 0..{spec.num_shards - 1}")
     return RunContext(chain=chain, store=store, db=db, spec=spec, chain_id=int(chain.w3.eth.chain_id),
-                      shards=sorted(set(served)) if served is not None else None)
+                      shards=sorted(set(served)) if served is not None else None,
+                      optimizer_state_every=config.coordinator.optimizer_state_every)

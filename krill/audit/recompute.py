@@ -2,17 +2,20 @@
 
 Design decisions:
 - Inputs: the version's aggregation record (located by the on-chain record digest), the parent
-  version's public state (weights, optimizer states, located by the parent's on-chain digests),
-  the learner versions' public masks (derived from their momentum), and the accepted contributions (`krill.audit.entries`).
+  version's public state (weights, optimizer states, located by the parent's on-chain digests; a
+  state the coordinator did not store is replayed by `AuditSource`), the learner versions' public
+  masks (derived from their momentum), and the accepted contributions (`krill.audit.entries`).
   The fold is `krill.protocol.step.fold_version`, the very function the coordinator publishes
   with, over the shards the record lists, so the same inputs give the same bits.
 - Outputs compared, each a row of the report: per shard the submission count, the new shard
-  file's sha256 and CID against the published manifest, the AdamW state's sha256 and CID and the
-  aggregation statistics against the record; then the manifest rebuilt from the recomputed shards
-  (parent's architecture and tokenizer, parent CID, version number) against the manifest digest
-  on-chain and the manifest CID in the record. Shards the record does not list must be the
-  parent's, byte for byte. The version's published masks are compared with the ones derived from
-  the recomputed optimizer states, and must be in the store as the record names them.
+  file's sha256 and CID against the published manifest, the AdamW state's sha256 (and CID, at the
+  versions whose states the coordinator stored) and the aggregation statistics against the
+  record; then the manifest rebuilt from the recomputed shards (parent's architecture and
+  tokenizer, parent CID, version number) against the manifest digest on-chain and the manifest
+  CID in the record. Shards the record does not list must be the parent's, byte for byte. The
+  version's published masks are compared with the ones derived from the recomputed optimizer
+  states, and must be in the store as the record names them. Recomputed states that match the
+  record are kept for the version, so `--all` replays nothing twice.
 - Rejections are the coordinator's judgement and cannot be recomputed; the audit checks that
   each names a real commit of the run, and that no commit is both accepted and rejected.
 """
@@ -125,6 +128,8 @@ def _recompute_and_compare(source: AuditSource, version: int, info, record, pare
         report.add(f"shard {s} weights", same, f"sha256 {want.sha256[:16]}… cid {_short(want.cid)}" if same else
                    f"published sha256 {_short(got.sha256 if got else None)}, recomputed {want.sha256[:16]}…")
         _compare_outcome(r, outcome, report)
+        if r.submissions and published is not None:  # kept where it matches the record: the next audit starts there
+            source.state(version).preload_optimizer_state(s, r.optimizer_state)
     for s in set(range(parent.manifest.num_shards)) - set(outcomes):
         got = published.shards[s] if published is not None and s < published.num_shards else None
         report.add(f"shard {s} weights", got == parent.manifest.shards[s],
@@ -179,9 +184,10 @@ def _compare_outcome(result, outcome, report: AuditReport) -> None:
     s, problems = result.shard, []
     if result.submissions != outcome.submissions:
         problems.append(f"{outcome.submissions} submissions in the record, {result.submissions} recomputed")
+    stored = outcome.optimizer_state_cid is not None
     if result.submissions:
         sha = hashlib.sha256(result.optimizer_state).hexdigest()
-        if (outcome.optimizer_state_sha256, outcome.optimizer_state_cid) != (sha, file_cid(result.optimizer_state)):
+        if outcome.optimizer_state_sha256 != sha or (stored and outcome.optimizer_state_cid != file_cid(result.optimizer_state)):
             problems.append(f"optimizer state: record sha256 {_short(outcome.optimizer_state_sha256)}, "
                             f"recomputed {sha[:16]}…")
         stats = ([repr(float(x)) for x in result.trimmed_fractions], result.clipped,
@@ -189,8 +195,8 @@ def _compare_outcome(result, outcome, report: AuditReport) -> None:
         claimed = (list(outcome.trimmed_fractions), outcome.clipped, outcome.update_norm, outcome.grad_norm)
         if stats != claimed:
             problems.append(f"statistics (trimmed, clipped, update norm, grad norm): record {claimed}, recomputed {stats}")
-    elif outcome.optimizer_state_cid is not None:
+    elif outcome.optimizer_state_sha256 is not None:
         problems.append("record names an optimizer state for a shard nobody submitted to")
     report.add(f"shard {s} optimizer", not problems, "; ".join(problems) or
-               (f"state sha256 matches; update norm {float(result.update_norm):.3g}" if result.submissions
-                else "no submissions: unchanged"))
+               (f"state sha256 matches{'' if stored else ' (not stored at this version)'}; "
+                f"update norm {float(result.update_norm):.3g}" if result.submissions else "no submissions: unchanged"))

@@ -9,6 +9,10 @@ Design decisions:
   read from the blobs the coordinator published (`masks_from_momentum`).
 - Versions, records and keys are cached per audit run, since consecutive versions share parents
   and learner versions (`--all` touches each only once or twice).
+- The source is the `FoldReplay` of its versions: an optimizer state the coordinator did not store
+  (it stores them every few versions) is replayed from the record's accepted contributions,
+  fetched and validated as the audit does, with the record's weights. The replayed state must
+  hash to the record's sha256, so a replay cannot vouch for what the record did not commit to.
 """
 
 from __future__ import annotations
@@ -51,8 +55,32 @@ class AuditSource:
         """The public state of `version` (manifest, record, lazily its shards and masks)."""
         if version not in self._versions:
             self._versions[version] = load_chain_version(self.chain, self.store, self.spec, version,
-                                                         masks_from_momentum=True)
+                                                         masks_from_momentum=True, replay=self)
         return self._versions[version]
+
+    def fold_inputs(self, version: int, record: AggregationRecord) -> tuple[list, dict[int, VersionState]]:
+        """The submissions `record` (of `version`) accepted, and their learner states (`FoldReplay`)."""
+        import math
+
+        from krill.audit.entries import fetch_contribution
+        from krill.errors import ModelError, PayloadError, StoreError
+        from krill.protocol.step import Submission
+
+        submissions = []
+        for entry in record.accepted:
+            try:
+                contribution = fetch_contribution(self, entry)
+            except (PayloadError, StoreError, ModelError) as exc:
+                raise ModelError(f"replaying version {version}: commit {entry.commit_id} unavailable: {exc}") from None
+            try:
+                weight = float(entry.weight)
+            except ValueError:
+                weight = math.nan
+            if not math.isfinite(weight):
+                raise ModelError(f"replaying version {version}: commit {entry.commit_id} has weight {entry.weight!r}")
+            submissions.append(Submission(commit_id=entry.commit_id, weight=weight, model_version=entry.model_version,
+                                          values={s: g.values for s, g in contribution.gradients.items()}))
+        return submissions, {v: self.state(v) for v in sorted({s.model_version for s in submissions})}
 
     def record(self, version: int) -> AggregationRecord:
         """The aggregation record of published version `version` >= 1 (verified against its digest)."""

@@ -10,6 +10,9 @@ Design decisions:
 - Rejections are part of the record too: a contribution is never silently dropped.
 - Format 2 adds the version's gradient masks (`masks_cid`, `masks_sha256`): derived from the
   optimizer states the record names, published so that workers need not fetch those states.
+- A stepped shard's optimizer state is always named by sha256, but by CID only at the versions
+  the coordinator stores states (every `optimizer_state_every`): in between, whoever needs it
+  replays the folds from the last stored one (`krill.protocol.state`) and checks the sha256.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from krill.errors import PayloadError
 
@@ -53,12 +56,24 @@ class RejectedEntry(_Strict):
 class ShardOutcome(_Strict):
     shard: int = Field(ge=0)
     submissions: int = Field(ge=0)
-    optimizer_state_cid: str | None = Field(description="AdamW state after this version's step (None: never stepped).")
-    optimizer_state_sha256: str | None = None
+    optimizer_state_cid: str | None = Field(
+        description="AdamW state after this version's step, where stored (None: never stepped, or not stored at "
+                    "this version: the coordinator stores them every few versions, and the state named by the "
+                    "sha256 below is replayed from the last stored one).")
+    optimizer_state_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                                               description="sha256 of that state (None: not stepped at this version).")
     trimmed_fractions: list[str] = Field(default_factory=list, description="Per accepted submission, in order.")
     clipped: int = 0
     update_norm: str = "0.0"
     grad_norm: str = "0.0"
+
+    @model_validator(mode="after")
+    def _state_named_when_stepped(self) -> ShardOutcome:
+        if (self.submissions > 0) != (self.optimizer_state_sha256 is not None):
+            raise ValueError(f"shard {self.shard}: an optimizer state sha256 goes with submissions, and only then")
+        if self.optimizer_state_cid is not None and self.optimizer_state_sha256 is None:
+            raise ValueError(f"shard {self.shard}: an optimizer state CID without its sha256")
+        return self
 
 
 class AggregationRecord(_Strict):

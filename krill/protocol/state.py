@@ -14,6 +14,13 @@ Design decisions:
   a coordinator's own new version derive or preload them.
 - Tensors and optimizer states are fetched lazily and cached per object, since a worker needs
   every shard's weights but a coordinator serving some shards needs only those.
+- Optimizer states are stored only every few versions (the coordinator's `optimizer_state_every`);
+  in between, the record names a state by its sha256 alone. Such a state is replayed: version v's
+  fold is run again from version v - 1's state and v's accepted contributions, and must give the
+  record's sha256 (else `ModelError`). The inputs come from a `FoldReplay` (the coordinator's
+  context, `krill audit`'s source), which also hands out the earlier versions, so a replay walks
+  back to the last stored state and forward again, each version once. A version loaded without
+  one (a worker, a verifier: they read the published masks, never the states) raises instead.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -49,6 +57,17 @@ def derive_masks(spec: RunSpec, version: int, shapes: dict[str, torch.Size],
     return shared_masks(shapes, references or None, spec.compression, spec.run_id.hex(), version)
 
 
+class FoldReplay(Protocol):
+    """Where a version's fold can be run again: the public inputs of the fold that made a version."""
+
+    def state(self, version: int) -> VersionState:
+        """Published `version` (its optimizer states replayable through this object too)."""
+
+    def fold_inputs(self, version: int, record: AggregationRecord) -> tuple[list, dict[int, VersionState]]:
+        """The submissions `record` accepted (checked, with the weights it names) and the learner
+        versions they were computed at; raises ModelError where one cannot be had."""
+
+
 @dataclass
 class VersionState:
     """One published version of a run."""
@@ -61,6 +80,7 @@ class VersionState:
     record_cid: str | None
     store: object
     masks_from_momentum: bool = False  # derive the masks instead of reading the published ones
+    replay: FoldReplay | None = None  # where optimizer states the store lacks are replayed from
     _tensors: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     _opt: dict[int, bytes | None] = field(default_factory=dict, repr=False)
     _masks: dict[str, torch.Tensor] | None = field(default=None, repr=False)
@@ -84,10 +104,54 @@ class VersionState:
         return out
 
     def optimizer_state(self, shard: int) -> bytes | None:
-        """The AdamW state blob of `shard` after this version's step (None: never stepped)."""
+        """The AdamW state blob of `shard` after this version's step (None: never stepped): stored,
+        else replayed (see the module docstring)."""
         if shard not in self._opt:
-            self._opt[shard] = _find_optimizer_state(self.store, self.record, shard)
+            found = _find_optimizer_state(self.store, self.version, self.record, shard)
+            if isinstance(found, int):  # stepped at version `found`, whose state is not stored
+                if self.replay is None:
+                    raise ModelError(f"the optimizer state of shard {shard} after version {found} is not stored "
+                                     "(the coordinator stores them every few versions): it has to be replayed "
+                                     "from the run's contributions, which this reader does not fetch")
+                if found == self.version:
+                    self._replay_fold()
+                    if shard not in self._opt:
+                        raise ModelError(f"version {self.version}'s record names an optimizer state of shard {shard} "
+                                         "that its fold does not step")
+                else:
+                    self._opt[shard] = self.replay.state(found).optimizer_state(shard)
+            else:
+                self._opt[shard] = found
         return self._opt[shard]
+
+    def _replay_fold(self) -> None:
+        """Run this version's fold again and keep the optimizer states it gives, each checked
+        against the record's sha256."""
+        from krill.protocol.step import fold_version
+
+        record, replay = self.record, self.replay
+        parent = replay.state(self.version - 1)
+        if (parent.manifest_cid, parent.record_cid) != (record.parent_manifest_cid, record.parent_record_cid):
+            raise ModelError(f"version {self.version}'s record names another parent than the chain's version "
+                             f"{self.version - 1}: its optimizer states cannot be replayed")
+        submissions, learners = replay.fold_inputs(self.version, record)
+        outcomes = {o.shard: o for o in record.shards}
+        for result in fold_version(self.spec, parent, submissions, learners, shards=sorted(outcomes)):
+            outcome = outcomes[result.shard]
+            if result.submissions != outcome.submissions or (
+                    result.submissions and hashlib.sha256(result.optimizer_state).hexdigest()
+                    != outcome.optimizer_state_sha256):
+                raise ModelError(f"replaying version {self.version}'s fold gives another optimizer state of shard "
+                                 f"{result.shard} than the record's sha256 {outcome.optimizer_state_sha256}")
+            if result.submissions:
+                self._opt[result.shard] = result.optimizer_state
+
+    def preload_optimizer_state(self, shard: int, blob: bytes) -> None:
+        """Set `shard`'s optimizer state from memory, when it matches the record's sha256 (an
+        audit's recomputation; saves replaying it again)."""
+        outcome = next((o for o in self.record.shards if o.shard == shard), None) if self.record else None
+        if outcome is not None and outcome.optimizer_state_sha256 == hashlib.sha256(blob).hexdigest():
+            self._opt.setdefault(shard, blob)
 
     def shapes(self) -> dict[str, torch.Size]:
         return {p.name: torch.Size(p.shape) for s in self.manifest.shards for p in s.parameters}
@@ -124,25 +188,29 @@ class VersionState:
                             [self.optimizer_state(s) for s in range(self.manifest.num_shards)])
 
 
-def _find_optimizer_state(store, record: AggregationRecord | None, shard: int) -> bytes | None:
-    """Walk back through records to the last version that stepped `shard`."""
+def _find_optimizer_state(store, version: int, record: AggregationRecord | None, shard: int) -> bytes | int | None:
+    """Walk back through records from `version`'s to the last version that stepped `shard`: its
+    state if stored (checked against the record's sha256), else that version's number (to replay);
+    None when no version stepped it."""
+    from krill.store.cid import cid_to_digest
+
     while record is not None:
         outcome = next((s for s in record.shards if s.shard == shard), None)
-        if outcome is not None and outcome.optimizer_state_cid is not None:
+        if outcome is not None and outcome.optimizer_state_sha256 is not None:
+            if outcome.optimizer_state_cid is None:
+                return version
             blob = store.get(outcome.optimizer_state_cid)
             if hashlib.sha256(blob).hexdigest() != outcome.optimizer_state_sha256:
                 raise ModelError(f"optimizer state of shard {shard} does not match the record's sha256")
             return blob
         if record.parent_record_cid is None:
             return None
-        from krill.store.cid import cid_to_digest
-
-        record = load_record(store, cid_to_digest(record.parent_record_cid))
+        record, version = load_record(store, cid_to_digest(record.parent_record_cid)), version - 1
     return None
 
 
 def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, record_digest: bytes | None,
-                 masks_from_momentum: bool = False) -> VersionState:
+                 masks_from_momentum: bool = False, replay: FoldReplay | None = None) -> VersionState:
     """A version from the digests the chain holds for it."""
     from krill.model.publish import load_manifest
     from krill.store.cid import digest_to_cid
@@ -161,16 +229,17 @@ def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, rec
             raise ModelError(f"record of version {version} names another version or manifest")
     elif manifest_cid != spec.base_manifest_cid:
         raise ModelError(f"base manifest {manifest_cid} differs from the run spec's {spec.base_manifest_cid}")
-    return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store, masks_from_momentum)
+    return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store, masks_from_momentum, replay)
 
 
-def load_chain_version(chain, store, spec: RunSpec, version: int, masks_from_momentum: bool = False) -> VersionState:
+def load_chain_version(chain, store, spec: RunSpec, version: int, masks_from_momentum: bool = False,
+                       replay: FoldReplay | None = None) -> VersionState:
     """Version `version` of the run `spec` defines, located by the digests the chain holds."""
     info = chain.version_of(spec.run_id, version)
     if info.manifest_digest == b"\x00" * 32:
         raise ModelError(f"version {version} of run {spec.run_id.hex()[:16]}… is not published")
     record = None if version == 0 else info.record_digest
-    return load_version(store, spec, version, info.manifest_digest, record, masks_from_momentum)
+    return load_version(store, spec, version, info.manifest_digest, record, masks_from_momentum, replay)
 
 
 def load_run(chain, store, run_id: bytes) -> RunSpec:

@@ -13,7 +13,9 @@ Design decisions:
 - A shard with no submission keeps its weights and optimizer state.
 - `publish_version_content` can leave the optimizer states unwritten (`defer_states`): the record
   names them by CID and sha256, and the caller stores them once the version is on-chain (the
-  coordinator does, so the publication does not wait for two thirds of a version's bytes).
+  coordinator does, so the publication does not wait for two thirds of a version's bytes). With
+  `keep_states=False` it names them by sha256 alone and never stores them: the coordinator keeps
+  them only every few versions, and readers replay the folds in between.
 - Threads: the fold runs with one torch thread whatever the caller set, and puts the caller's
   count back. torch splits large reductions (norms, sums) across threads, so their last bits
   depend on the thread count; a coordinator on 1 thread and an auditor on 2 then disagreed on
@@ -168,11 +170,14 @@ def new_optimizer_states(parent, results: list[ShardResult]) -> list[bytes | Non
 
 
 def publish_version_content(store, spec: RunSpec, parent, results: list[ShardResult], accepted: list,
-                            rejected: list, closed_by: str, defer_states: bool = False) -> VersionContent:
+                            rejected: list, closed_by: str, defer_states: bool = False,
+                            keep_states: bool = True) -> VersionContent:
     """Store the new shards, optimizer states, masks, manifest and record.
 
     `defer_states`: name the optimizer states in the record (CID and sha256) without storing them,
-    and return them as `pending_states`; two thirds of a version's bytes, which no worker reads."""
+    and return them as `pending_states`; two thirds of a version's bytes, which no worker reads.
+    `keep_states=False`: name them by sha256 only and never store them (they are replayed from the
+    last version that kept them, `krill.protocol.state`)."""
     import hashlib
 
     from krill.model.publish import publish_update
@@ -188,7 +193,9 @@ def publish_version_content(store, spec: RunSpec, parent, results: list[ShardRes
     outcomes, pending = [], []
     for r in results:
         cid = sha = None
-        if r.submissions > 0:
+        if r.submissions > 0 and not keep_states:
+            sha = hashlib.sha256(r.optimizer_state).hexdigest()
+        elif r.submissions > 0:
             if defer_states:
                 pending.append(store.prepare(r.optimizer_state))
                 cid = pending[-1].cid

@@ -91,8 +91,10 @@ def _record(manifest_cid: str) -> AggregationRecord:
                                 behaviour_version=0, staleness=0, trust="0.25", weight="0.25", shards=[0, 1],
                                 mean_reward="0.5", tokens=120)],
         rejected=[RejectedEntry(commit_id=2, worker=FORGER, reason_code="wrong_rewards", reason="rewards differ")],
-        shards=[ShardOutcome(shard=0, submissions=1, optimizer_state_cid=None, trimmed_fractions=["0.125"]),
-                ShardOutcome(shard=1, submissions=1, optimizer_state_cid=None, trimmed_fractions=["0.375"])],
+        shards=[ShardOutcome(shard=0, submissions=1, optimizer_state_cid=None, optimizer_state_sha256="1" * 64,
+                             trimmed_fractions=["0.125"]),
+                ShardOutcome(shard=1, submissions=1, optimizer_state_cid=None, optimizer_state_sha256="2" * 64,
+                             trimmed_fractions=["0.375"])],
         masks_cid="bafkreimasks1", masks_sha256="0" * 64, closed_by="count")
 
 

@@ -88,11 +88,15 @@ class Run:
             self.accounts[who.worker] = client
             self.workers.append(who)
         self.nonces = {w.worker: 0 for w in self.workers}
+        self.folded_states = {}  # version -> shard -> the optimizer state its fold gave
         self.rng = np.random.default_rng(0)
         self.task = get_task(self.spec.task)
 
     def state(self, version):
-        return load_chain_version(self.chain, self.store, self.spec, version)
+        state = load_chain_version(self.chain, self.store, self.spec, version)
+        for shard, blob in self.folded_states.get(version, {}).items():  # as a coordinator keeps them
+            state.preload_optimizer_state(shard, blob)
+        return state
 
     def contribute(self, who, behaviour, learner, withhold=None):
         """Sample at `behaviour`, sign gradients at `learner`, upload (all but `withhold`) and commit."""
@@ -113,7 +117,7 @@ class Run:
         receipt = self.accounts[who.worker].commit(self.run_id, learner, nonce, header.digest)
         return receipt.event(Committed).commit_id, header, files
 
-    def publish(self, version, contributions, tamper=None):
+    def publish(self, version, contributions, tamper=None, keep_states=True):
         """Fold `contributions` into `version` as the coordinator would (or with one `tamper`), publish, settle."""
         parent = self.state(version - 1)
         accepted, submissions = [], []
@@ -145,7 +149,9 @@ class Run:
             nudged = dict(results[1].tensors)
             nudged[name] = nudged[name] + 1e-3
             results[1] = dataclasses.replace(results[1], tensors=nudged)
-        manifest, _, record, *_ = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
+        manifest, _, record, *_ = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count",
+                                                          keep_states=keep_states)
+        self.folded_states[version] = {r.shard: r.optimizer_state for r in results if r.submissions}
         if tamper == "masks":  # well-formed masks (right sizes and counts) that the momentum does not give
             from krill.protocol.mask_blob import encode_masks
             from krill.protocol.record import publish_record
@@ -183,7 +189,7 @@ def run(tmp_path_factory):
     try:
         r = Run(tmp_path_factory.mktemp("audit-run"), node)
         w1, w2 = r.workers
-        r.publish(1, [r.contribute(w1, 0, 0), r.contribute(w2, 0, 0)])
+        r.publish(1, [r.contribute(w1, 0, 0), r.contribute(w2, 0, 0)], keep_states=False)  # replayed by audits
         stale = r.contribute(w2, 0, 0)  # committed at version 0 after version 1 is out
         r.publish(2, [r.contribute(w1, 1, 1), stale])
         r.publish(3, [r.contribute(w1, 2, 2), r.contribute(w2, 2, 2)], tamper="weights")
@@ -211,6 +217,8 @@ def test_audit_passes_for_honest_versions(run):
         assert code == 0 and report["ok"], _failed(report)
         names = {c["name"] for c in report["checks"]}
         assert {"manifest digest", "manifest cid", "shard 0 weights", "shard 1 weights", "recompute"} <= names
+        optimizer = next(c["detail"] for c in report["checks"] if c["name"] == "shard 0 optimizer")
+        assert ("not stored at this version" in optimizer) == (version == 1), optimizer
     stale = [e for e in report["contributions"] if e["staleness"] == 1]
     assert len(stale) == 1 and stale[0]["weight"] == TRUST / 2 and stale[0]["trust"] == TRUST
 

@@ -14,12 +14,16 @@ SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4},
 
 def _populate(env) -> list[int]:
     """Three workers, one honest contribution each at version 0, uploaded and committed."""
+    return _contribute(env, [env.stake(index) for index in (1, 2, 3)], version=0)
+
+
+def _contribute(env, workers, version: int) -> list[int]:
+    """One honest contribution of each staked (account, identity) at `version` (nonce = version)."""
     ids = []
-    for index in (1, 2, 3):
-        account, who = env.stake(index)
-        header, files = env.produce(who, nonce=0)
+    for account, who in workers:
+        header, files = env.produce(who, nonce=version, version=version)
         env.upload(header, files)
-        ids.append(env.commit(account, header))
+        ids.append(env.commit(account, header, version=version))
     return ids
 
 
@@ -31,6 +35,7 @@ def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinato
     reference = coordinator_env(SPEC)
     ids = _populate(reference)
     ctx, indexer = reference.context()
+    ctx.optimizer_state_every = 1  # every version's states stored, as the restarts below are told
     Coordinator(ctx, indexer, LoopOptions(eval_every=0, max_versions=1), echo=lambda _: None).run()
     expected = reference.chain.version_of(reference.run_id, 1)
     assert reference.chain.run_of(reference.run_id).latest_version == 1
@@ -38,7 +43,8 @@ def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinato
     env = coordinator_env(SPEC)
     assert env.deployment.protocol == reference.deployment.protocol and env.run_id == reference.run_id
     assert _populate(env) == ids
-    args = ("--set", "coordinator.max_versions=1", "--set", "coordinator.eval_every=0", "run")
+    args = ("--set", "coordinator.max_versions=1", "--set", "coordinator.eval_every=0",
+            "--set", "coordinator.optimizer_state_every=1", "run")
     for point in ("ingested", "decided", "stored", "published"):
         proc = env.spawn(*args, halt=point)
         out, _ = proc.communicate(timeout=120)
@@ -68,3 +74,35 @@ def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinato
         rows = list(s.scalars(select(Contribution).order_by(Contribution.commit_id)))
     assert [(r.commit_id, r.status, r.aggregated_version) for r in rows] == [
         (i, ContributionStatus.ACCEPTED, 1) for i in ids]
+
+
+def test_a_restarted_coordinator_replays_the_optimizer_states_it_did_not_store(coordinator_env):
+    """Version 1's optimizer states are named by sha256 only (they are stored every 10 versions); a new
+    coordinator process folds version 2 on them by replaying version 1, and publishes exactly what a
+    coordinator that kept them in memory did."""
+    from krill.coordinator.loop import Coordinator, LoopOptions
+    from krill.protocol.record import load_record
+
+    reference = coordinator_env(SPEC)
+    workers = [reference.stake(index) for index in (1, 2, 3)]
+    _contribute(reference, workers, version=0)
+    ctx, indexer = reference.context()
+    assert ctx.optimizer_state_every == 10
+    Coordinator(ctx, indexer, LoopOptions(eval_every=0, max_versions=1), echo=lambda _: None).run()
+    _contribute(reference, workers, version=1)
+    Coordinator(ctx, indexer, LoopOptions(eval_every=0, max_versions=2), echo=lambda _: None).run()
+    expected = reference.chain.version_of(reference.run_id, 2)
+
+    env = coordinator_env(SPEC)
+    workers = [env.stake(index) for index in (1, 2, 3)]
+    _contribute(env, workers, version=0)
+    for versions in (1, 2):
+        proc = env.spawn("--set", f"coordinator.max_versions={versions}", "--set", "coordinator.eval_every=0", "run")
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        if versions == 1:
+            record = load_record(env.store, env.chain.version_of(env.run_id, 1).record_digest)
+            assert all(o.optimizer_state_cid is None and o.optimizer_state_sha256 for o in record.shards)
+            _contribute(env, workers, version=1)
+    got = env.chain.version_of(env.run_id, 2)
+    assert (got.manifest_digest, got.record_digest) == (expected.manifest_digest, expected.record_digest)

@@ -268,3 +268,79 @@ def test_check_resample_takes_the_fast_path_for_honest_work_and_fails_forged_tok
     forged = RolloutBatch(tokens, b.offsets, b.prompt_lengths, b.logprobs, b.rewards, b.group_ids)
     outcome = check_resample(spec, task, tok, header, forged, engine)
     assert not outcome.ok and "fast_path" not in outcome.figures and outcome.figures["token_mismatches"] == 1
+
+
+def _random_submissions(spec, state, workers, rng, nonce, weight="0.5"):
+    """Seeded random gradients on `state`'s public masks from `workers` (see the test above), as
+    Submissions and the record's AcceptedEntries."""
+    lengths = _grad_lengths(state)
+    submissions, accepted = [], []
+    for i, who in enumerate(workers):
+        header, files = _produce(spec, state, who, nonce=nonce)
+        c = _validate(spec, state, header, files)
+        values = {s: {n: rng.standard_normal(k).astype(np.float32) for n, k in lengths[s].items()} for s in lengths}
+        commit_id = 10 * nonce + i + 1
+        submissions.append(Submission(commit_id=commit_id, weight=float(weight), model_version=state.version,
+                                      values=values))
+        accepted.append(AcceptedEntry(commit_id=commit_id, worker=who.worker, header_digest=header.digest.hex(),
+                                      model_version=state.version, behaviour_version=state.version, staleness=0,
+                                      trust=weight, weight=weight, shards=[0, 1],
+                                      mean_reward=repr(float(c.rollouts.rewards.mean())), tokens=int(c.rollouts.n_tokens)))
+    return submissions, accepted
+
+
+class _Replay:
+    """A FoldReplay over versions held in memory: what the coordinator's context and the audit's
+    source do from chain and store."""
+
+    def __init__(self):
+        self.states, self.inputs = {}, {}
+
+    def state(self, version):
+        return self.states[version]
+
+    def fold_inputs(self, version, record):
+        return self.inputs[version]
+
+
+def test_optimizer_states_not_stored_are_replayed_from_the_folds_and_checked(tiny_run):
+    import hashlib
+
+    from krill.errors import ModelError
+
+    store, spec, base, workers = tiny_run
+    rng = np.random.default_rng(1)
+    replay, kept, parent = _Replay(), {0: base}, base
+    replay.states[0] = base
+    for version in (1, 2):  # neither stores its optimizer states
+        submissions, accepted = _random_submissions(spec, parent, workers[:2], rng, nonce=version)
+        results = fold_version(spec, parent, submissions, {parent.version: parent})
+        content = publish_version_content(store, spec, parent, results, accepted, [], "count", keep_states=False)
+        assert all(o.optimizer_state_cid is None and o.optimizer_state_sha256 == hashlib.sha256(r.optimizer_state).hexdigest()
+                   for o, r in zip(content.record.shards, results, strict=True))
+        assert not any(store.has(p.cid) for p in content.pending_states) and content.pending_states == ()
+        kept[version] = parent = folded_state(store, spec, parent, results, content)
+        digest = hashlib.sha256(content.manifest.canonical_bytes()).digest()
+        replay.inputs[version] = (submissions, {version - 1: replay.states[version - 1]})
+        replay.states[version] = load_version(store, spec, version, digest, content.record.digest, replay=replay)
+
+    bare = load_version(store, spec, 2, hashlib.sha256(kept[2].manifest.canonical_bytes()).digest(), kept[2].record.digest)
+    assert bare.masks() is not None  # workers read the published masks, which need no states
+    with pytest.raises(ModelError, match="not stored"):
+        bare.optimizer_state(0)
+    loaded = replay.states[2]  # version 2 replays from version 1, which replays from version 0
+    for shard in (0, 1):
+        assert loaded.optimizer_state(shard) == kept[2].optimizer_state(shard)
+        assert replay.states[1].optimizer_state(shard) == kept[1].optimizer_state(shard)
+    assert all(torch.equal(kept[2].masks()[n], m) for n, m in loaded.derived_masks().items())
+
+    # A replay fed other inputs than the record's (here another weight for one) cannot reach its sha256.
+    forged = _Replay()
+    forged.states[0] = base
+    submissions, learners = replay.inputs[1]
+    first, *rest = submissions  # (equal weights scaled alike would give the same weighted mean)
+    forged.inputs[1] = ([Submission(first.commit_id, 0.9, first.model_version, first.values), *rest], learners)
+    forged.states[1] = load_version(store, spec, 1, hashlib.sha256(kept[1].manifest.canonical_bytes()).digest(),
+                                    kept[1].record.digest, replay=forged)
+    with pytest.raises(ModelError, match="replaying version 1's fold gives another optimizer state"):
+        forged.states[1].optimizer_state(1)
