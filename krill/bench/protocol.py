@@ -89,7 +89,7 @@ COORDINATOR_PARTS: tuple[tuple[str, str], ...] = (
     ("store", "store new shards, manifest, record (optimizer states hashed)"),
     ("publish_masks", "masks of the new version (derive, store)"),
     ("publish_tx", "publish transaction"),
-    ("store_states", "store optimizer states (after the transaction)"),
+    ("store_states", "store optimizer states (after the transaction; every `optimizer_state_every`-th version)"),
     ("publish_other", "publish: parent and contributions load, rest"),
     ("settle", "settle rewards (transaction)"),
     ("index", "index sync (chain events)"),

@@ -2,12 +2,13 @@
 
 Design decisions:
 - The store keeps every version, as an audit needs it: each version publishes the full fp32
-  weights and the AdamW state of every shard (two more tensors per parameter), and each honest
-  worker's contribution adds rollouts and int8 gradient values on a quarter of the parameters.
-  The default demo of 2026-12-05 04:02 UTC wrote 5.44 GB of blocks for 400 versions of a
-  4.2 MB model: 3.24 times the weights per version. `STORE_BYTES_PER_WEIGHT_BYTE` rounds that
-  up, and the estimate scales it by the model's weight files and the version budget (an upper
-  bound: a demo that runs out of minutes first writes less).
+  weights of every shard, every `optimizer_state_every`-th version (default 10) the AdamW states
+  (two more tensors per parameter), and each honest worker's contribution adds rollouts and int8
+  gradient values on a quarter of the parameters. The default demo of 2026-12-06 05:04 UTC wrote
+  2.45 GB of blocks for 400 versions of a 4.2 MB model: 1.45 times the weights per version (3.24
+  when it stored the states at every version). The estimate is `OTHER_BYTES_PER_WEIGHT_BYTE` +
+  2 / `optimizer_state_every` times the model's weight files per version, for the version budget
+  (an upper bound: a demo that runs out of minutes first writes less).
 - A demo that would fill the disk stops before it starts, with the figures and what to do (a
   smaller `--versions`, another `--workdir`, or deleting earlier demos, whose sizes it lists):
   an Anvil node, a coordinator and five role processes failing on a full disk mid-run leave
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from krill.errors import ConfigError
 
-STORE_BYTES_PER_WEIGHT_BYTE = 3.5  # per version; 3.24 measured on the default demo
+OTHER_BYTES_PER_WEIGHT_BYTE = 1.35  # per version: weights, contributions, masks (1.25 measured), rounded up
+STATE_BYTES_PER_WEIGHT_BYTE = 2.0  # per version that stores the AdamW states (two fp32 moments)
 HEADROOM = 1.1
 
 
@@ -32,9 +34,14 @@ def weight_bytes(model_dir: Path) -> int:
     return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
 
 
-def estimated_bytes(model_dir: Path, versions: int) -> int:
+def store_bytes_per_weight_byte(optimizer_state_every: int) -> float:
+    """Store bytes a version writes per byte of the model's weights."""
+    return OTHER_BYTES_PER_WEIGHT_BYTE + STATE_BYTES_PER_WEIGHT_BYTE / optimizer_state_every
+
+
+def estimated_bytes(model_dir: Path, versions: int, optimizer_state_every: int = 10) -> int:
     """What a demo of `versions` versions of `model_dir` writes, at most (store plus 5% for the rest)."""
-    return int(1.05 * STORE_BYTES_PER_WEIGHT_BYTE * weight_bytes(model_dir) * versions)
+    return int(1.05 * store_bytes_per_weight_byte(optimizer_state_every) * weight_bytes(model_dir) * versions)
 
 
 def tree_bytes(path: Path) -> int:
@@ -60,9 +67,10 @@ def gigabytes(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def check_space(workdir: Path, model_dir: Path, versions: int, earlier: list[tuple[Path, int]] | None = None) -> int:
+def check_space(workdir: Path, model_dir: Path, versions: int, earlier: list[tuple[Path, int]] | None = None,
+                optimizer_state_every: int = 10) -> int:
     """The estimated bytes; raises ConfigError when the disk under `workdir` has less free than that."""
-    need = estimated_bytes(model_dir, versions)
+    need = estimated_bytes(model_dir, versions, optimizer_state_every)
     probe = workdir
     while not probe.exists():
         probe = probe.parent
@@ -73,7 +81,7 @@ def check_space(workdir: Path, model_dir: Path, versions: int, earlier: list[tup
             hint = (f"; {len(earlier)} earlier demo(s) under {earlier[0][0].parent} take "
                     f"{gigabytes(sum(b for _, b in earlier))}: " + ", ".join(f"{d.name} {gigabytes(b)}" for d, b in earlier))
         raise ConfigError(f"krill demo needs about {gigabytes(need)} in {workdir} ({versions} versions of a "
-                          f"{weight_bytes(model_dir) / 1e6:.1f} MB model: the store keeps each version's weights and "
-                          f"AdamW state) and {probe} has {gigabytes(free)} free; pass a smaller --versions, another "
+                          f"{weight_bytes(model_dir) / 1e6:.1f} MB model: the store keeps each version's weights, and "
+                          f"the AdamW states every {optimizer_state_every} versions) and {probe} has {gigabytes(free)} free; pass a smaller --versions, another "
                           f"--workdir, or free space{hint}")
     return need

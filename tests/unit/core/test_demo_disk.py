@@ -24,8 +24,10 @@ def _model(tmp_path, size: int):
 def test_the_estimate_scales_with_the_weights_and_the_versions(tmp_path):
     model = _model(tmp_path, 1000)
     assert disk.weight_bytes(model) == 1000
-    assert disk.estimated_bytes(model, 400) == int(1.05 * disk.STORE_BYTES_PER_WEIGHT_BYTE * 1000 * 400)
+    assert disk.estimated_bytes(model, 400) == int(1.05 * disk.store_bytes_per_weight_byte(10) * 1000 * 400)
     assert disk.estimated_bytes(model, 800) == 2 * disk.estimated_bytes(model, 400)
+    # the AdamW states (2 x the weights) only every optimizer_state_every-th version
+    assert disk.store_bytes_per_weight_byte(1) - disk.store_bytes_per_weight_byte(10) == pytest.approx(2 * 0.9)
 
 
 def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_demos(tmp_path, monkeypatch):
@@ -41,7 +43,7 @@ def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_de
     with pytest.raises(ConfigError) as info:
         disk.check_space(current, model, 400, earlier)
     text = str(info.value)
-    assert "5.9 GB" in text and "1.0 GB free" in text and "--versions" in text
+    assert "2.6 GB" in text and "1.0 GB free" in text and "--versions" in text
     assert "20261204-120000 0.0 GB" in text
     assert old.exists()  # listed, never deleted
     assert disk.check_space(current, model, 20, earlier) == disk.estimated_bytes(model, 20)  # 20 versions fit
