@@ -158,7 +158,7 @@ class CoordinatorConfig(_RoleSection):
     eval_every: int = Field(5, ge=0, le=100_000, description="Evaluate every this many versions (0: never).")
     max_versions: int | None = Field(None, ge=1, description="Stop after publishing this version (default: run on).")
     optimizer_state_every: int = Field(
-        10, ge=1, le=100,
+        10, ge=1, le=1000,
         description="Store the AdamW states (twice the weights' bytes) at every this many versions (1: all). The "
                     "record names the others by sha256, and a restarted coordinator or `krill audit` replays the "
                     "folds since the last stored ones.")

@@ -125,6 +125,27 @@ class VersionState:
         return self._opt[shard]
 
     def _replay_fold(self) -> None:
+        """Replay this version's fold, after the earlier versions' that it needs, oldest first: each
+        fold then finds its parent's states in memory, and the recursion stays one level deep
+        however many versions lie between stored states."""
+        older, version = [], self.version - 1
+        while version >= 1:
+            state = self.replay.state(version)
+            if not state._lacks_states():
+                break
+            older.append(state)
+            version -= 1
+        for state in reversed(older):
+            state._fold_again()
+        self._fold_again()
+
+    def _lacks_states(self) -> bool:
+        """Whether this version stepped a shard whose state is neither stored nor in memory."""
+        return self.record is not None and any(
+            o.optimizer_state_sha256 is not None and o.optimizer_state_cid is None and o.shard not in self._opt
+            for o in self.record.shards)
+
+    def _fold_again(self) -> None:
         """Run this version's fold again and keep the optimizer states it gives, each checked
         against the record's sha256."""
         from krill.protocol.step import fold_version

@@ -294,12 +294,13 @@ class _Replay:
     source do from chain and store."""
 
     def __init__(self):
-        self.states, self.inputs = {}, {}
+        self.states, self.inputs, self.folded = {}, {}, []
 
     def state(self, version):
         return self.states[version]
 
     def fold_inputs(self, version, record):
+        self.folded.append(version)
         return self.inputs[version]
 
 
@@ -312,7 +313,7 @@ def test_optimizer_states_not_stored_are_replayed_from_the_folds_and_checked(tin
     rng = np.random.default_rng(1)
     replay, kept, parent = _Replay(), {0: base}, base
     replay.states[0] = base
-    for version in (1, 2):  # neither stores its optimizer states
+    for version in (1, 2, 3):  # none stores its optimizer states
         submissions, accepted = _random_submissions(spec, parent, workers[:2], rng, nonce=version)
         results = fold_version(spec, parent, submissions, {parent.version: parent})
         content = publish_version_content(store, spec, parent, results, accepted, [], "count", keep_states=False)
@@ -324,15 +325,17 @@ def test_optimizer_states_not_stored_are_replayed_from_the_folds_and_checked(tin
         replay.inputs[version] = (submissions, {version - 1: replay.states[version - 1]})
         replay.states[version] = load_version(store, spec, version, digest, content.record.digest, replay=replay)
 
-    bare = load_version(store, spec, 2, hashlib.sha256(kept[2].manifest.canonical_bytes()).digest(), kept[2].record.digest)
+    bare = load_version(store, spec, 3, hashlib.sha256(kept[3].manifest.canonical_bytes()).digest(), kept[3].record.digest)
     assert bare.masks() is not None  # workers read the published masks, which need no states
     with pytest.raises(ModelError, match="not stored"):
         bare.optimizer_state(0)
-    loaded = replay.states[2]  # version 2 replays from version 1, which replays from version 0
+    loaded = replay.states[3]  # version 3 needs 2, which needs 1, which folds on version 0
     for shard in (0, 1):
-        assert loaded.optimizer_state(shard) == kept[2].optimizer_state(shard)
-        assert replay.states[1].optimizer_state(shard) == kept[1].optimizer_state(shard)
-    assert all(torch.equal(kept[2].masks()[n], m) for n, m in loaded.derived_masks().items())
+        assert loaded.optimizer_state(shard) == kept[3].optimizer_state(shard)
+        for version in (1, 2):
+            assert replay.states[version].optimizer_state(shard) == kept[version].optimizer_state(shard)
+    assert replay.folded == [1, 2, 3]  # each version folded once, oldest first (no recursion per version)
+    assert all(torch.equal(kept[3].masks()[n], m) for n, m in loaded.derived_masks().items())
 
     # A replay fed other inputs than the record's (here another weight for one) cannot reach its sha256.
     forged = _Replay()
