@@ -159,6 +159,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     from krill.chain.anvil import AnvilProcess
     from krill.chain.devnet import provision
     from krill.chain.rpc import dev_accounts
+    from krill.config import CoordinatorConfig
     from krill.demo.disk import check_space, gigabytes
     from krill.demo.processes import ProcessGroup
     from krill.keystore import KdfCost, create_keystore
@@ -179,8 +180,10 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
         model_dir = ensure_base_model(progress=lambda step, loss, acc: echo(
             f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
-    need = check_space(workdir, Path(model_dir), config.versions, earlier)
-    echo(f"the store will take up to about {gigabytes(need)} in {workdir} (every version's weights and AdamW state)")
+    every = CoordinatorConfig.model_fields["optimizer_state_every"].default  # the demo coordinator's
+    need = check_space(workdir, Path(model_dir), config.versions, earlier, every)
+    echo(f"the store will take up to about {gigabytes(need)} in {workdir} (every version's weights; the AdamW "
+         f"states every {every} versions)")
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers
     with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log", accounts=max(20, n)) as node, \
             ProcessGroup(workdir / "logs", env) as procs:
