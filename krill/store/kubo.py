@@ -19,13 +19,14 @@ Design decisions:
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
 import httpx
 
 from krill.errors import ContentNotFoundError, IntegrityError, StoreError, StoreUnavailableError
-from krill.store.base import Content, ContentStore, ObjectTooLargeError, _open_content
+from krill.store.base import Content, ContentStore, ObjectTooLargeError, PreparedContent, _open_content
 from krill.store.cid import RAW, cid_parts, file_cid, normalize_cid, raw_block_cid
 
 _NOT_FOUND_MARKERS = ("not found", "no link named", "context deadline exceeded", "could not find")
@@ -83,9 +84,17 @@ class KuboStore(ContentStore):
             if start is None:
                 raise StoreError("Kubo add needs bytes, a path or a seekable stream (it is read twice)")
             stream.seek(start)
-            response = self._post("add", {"cid-version": 1, "raw-leaves": "true", "pin": _flag(pin),
-                                          "chunker": "size-262144", "hash": "sha2-256", "progress": "false"},
-                                  files={"file": ("blob", stream, "application/octet-stream")})
+            return self._upload(stream, expected, pin)
+
+    def put_prepared(self, prepared: PreparedContent, pin: bool = False) -> str:
+        """Upload what `prepare` hashed, checking Kubo's answer against the CID it computed (no second hash here)."""
+        return self._upload(io.BytesIO(prepared.data), prepared.cid, pin)
+
+    def _upload(self, stream, expected: str, pin: bool) -> str:
+        """`ipfs add` the stream; Kubo's CID must be `expected` (what the content hashes to here)."""
+        response = self._post("add", {"cid-version": 1, "raw-leaves": "true", "pin": _flag(pin),
+                                      "chunker": "size-262144", "hash": "sha2-256", "progress": "false"},
+                              files={"file": ("blob", stream, "application/octet-stream")})
         answered = self._json(response).get("Hash", "")
         if normalize_cid(answered) != expected:
             raise IntegrityError(f"Kubo stored the content as {answered} but it hashes to {expected}")

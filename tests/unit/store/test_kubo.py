@@ -6,6 +6,7 @@ JSON answers and error shape) over a `LocalStore`. It checks Krill's side of the
 shapes, streaming with caps, error mapping, and that answers are verified rather than trusted.
 """
 
+import dataclasses
 import email.parser
 import email.policy
 import json
@@ -124,13 +125,24 @@ def test_round_trip_and_request_shape(kubo):
     assert all("timeout" in p for c, p in handler.seen if c in ("cat", "block/get"))
 
 
-def test_prepared_content_is_added_when_put(kubo):
+def test_prepared_content_is_added_when_put(kubo, monkeypatch):
+    import krill.store.kubo as kubo_module
+
     store, handler = kubo
     data = random.Random(4).randbytes(2 * CHUNK_SIZE + 9)
     prepared = store.prepare(data)
     assert prepared.cid == file_cid(data) and handler.seen == []  # nothing sent yet
+    hashed = []
+    monkeypatch.setattr(kubo_module, "file_cid", lambda d: hashed.append(d) or file_cid(d))
     assert store.put_prepared(prepared, pin=True) == prepared.cid
-    assert [c for c, _ in handler.seen] == ["add"] and store.get(prepared.cid) == data
+    assert hashed == []  # the upload is checked against the CID prepare computed, not hashed again
+    assert [c for c, _ in handler.seen] == ["add"]
+    monkeypatch.undo()
+    assert store.get(prepared.cid) == data
+    # Kubo's answer is still checked: content prepared under another CID is refused.
+    wrong = dataclasses.replace(store.prepare(b"other content"), cid=prepared.cid)
+    with pytest.raises(IntegrityError, match="hashes to"):
+        store.put_prepared(wrong)
 
 
 def test_answers_are_verified(kubo):
