@@ -92,8 +92,7 @@ def build_content(ctx, row: VersionDecision):
     changed = {r.shard for r in results if r.submissions > 0}
     sent = len(content.manifest.canonical_bytes()) + len(content.record.encode()) + content.masks_bytes
     sent += sum(s.size for s in content.manifest.shards if s.index in changed)
-    if ctx.keeps_states(row.version):
-        sent += sum(len(r.optimizer_state) for r in results if r.submissions > 0)
+    sent += sum(p.size for p in content.pending_states)  # the optimizer states, where this version stores them
     return folded_state(ctx.store, ctx.spec, parent, results, content), sent, content.pending_states
 
 

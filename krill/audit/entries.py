@@ -147,6 +147,11 @@ def audit_entry(source: AuditSource, version: int, entry: AcceptedEntry, report:
     report.add(f"{name} applied once", not problems, "; ".join(problems) or "not accepted by an earlier version")
     if contribution is None or not ok or math.isnan(weight):
         return None
+    return entry_submission(entry, contribution)
+
+
+def entry_submission(entry: AcceptedEntry, contribution) -> Submission:
+    """The fold's input for an accepted entry: its validated gradients with the record's weight."""
     values = {s: g.values for s, g in contribution.gradients.items()}
     return Submission(commit_id=entry.commit_id, weight=float(entry.weight), model_version=entry.model_version,
                       values=values)

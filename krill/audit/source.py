@@ -60,11 +60,8 @@ class AuditSource:
 
     def fold_inputs(self, version: int, record: AggregationRecord) -> tuple[list, dict[int, VersionState]]:
         """The submissions `record` (of `version`) accepted, and their learner states (`FoldReplay`)."""
-        import math
-
-        from krill.audit.entries import fetch_contribution
+        from krill.audit.entries import _float, entry_submission, fetch_contribution
         from krill.errors import ModelError, PayloadError, StoreError
-        from krill.protocol.step import Submission
 
         submissions = []
         for entry in record.accepted:
@@ -72,14 +69,9 @@ class AuditSource:
                 contribution = fetch_contribution(self, entry)
             except (PayloadError, StoreError, ModelError) as exc:
                 raise ModelError(f"replaying version {version}: commit {entry.commit_id} unavailable: {exc}") from None
-            try:
-                weight = float(entry.weight)
-            except ValueError:
-                weight = math.nan
-            if not math.isfinite(weight):
+            if _float(entry.weight) is None:
                 raise ModelError(f"replaying version {version}: commit {entry.commit_id} has weight {entry.weight!r}")
-            submissions.append(Submission(commit_id=entry.commit_id, weight=weight, model_version=entry.model_version,
-                                          values={s: g.values for s, g in contribution.gradients.items()}))
+            submissions.append(entry_submission(entry, contribution))
         return submissions, {v: self.state(v) for v in sorted({s.model_version for s in submissions})}
 
     def record(self, version: int) -> AggregationRecord:

@@ -39,7 +39,7 @@ def store_bytes_per_weight_byte(optimizer_state_every: int) -> float:
     return OTHER_BYTES_PER_WEIGHT_BYTE + STATE_BYTES_PER_WEIGHT_BYTE / optimizer_state_every
 
 
-def estimated_bytes(model_dir: Path, versions: int, optimizer_state_every: int = 10) -> int:
+def estimated_bytes(model_dir: Path, versions: int, optimizer_state_every: int) -> int:
     """What a demo of `versions` versions of `model_dir` writes, at most (store plus 5% for the rest)."""
     return int(1.05 * store_bytes_per_weight_byte(optimizer_state_every) * weight_bytes(model_dir) * versions)
 
@@ -67,8 +67,8 @@ def gigabytes(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def check_space(workdir: Path, model_dir: Path, versions: int, earlier: list[tuple[Path, int]] | None = None,
-                optimizer_state_every: int = 10) -> int:
+def check_space(workdir: Path, model_dir: Path, versions: int, optimizer_state_every: int,
+                earlier: list[tuple[Path, int]] | None = None) -> int:
     """The estimated bytes; raises ConfigError when the disk under `workdir` has less free than that."""
     need = estimated_bytes(model_dir, versions, optimizer_state_every)
     probe = workdir

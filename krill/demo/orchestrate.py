@@ -181,7 +181,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
             f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
     every = CoordinatorConfig.model_fields["optimizer_state_every"].default  # the demo coordinator's
-    need = check_space(workdir, Path(model_dir), config.versions, earlier, every)
+    need = check_space(workdir, Path(model_dir), config.versions, every, earlier)
     echo(f"the store will take up to about {gigabytes(need)} in {workdir} (every version's weights; the AdamW "
          f"states every {every} versions)")
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers

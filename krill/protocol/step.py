@@ -193,15 +193,13 @@ def publish_version_content(store, spec: RunSpec, parent, results: list[ShardRes
     outcomes, pending = [], []
     for r in results:
         cid = sha = None
-        if r.submissions > 0 and not keep_states:
+        if r.submissions > 0:
             sha = hashlib.sha256(r.optimizer_state).hexdigest()
-        elif r.submissions > 0:
-            if defer_states:
+            if keep_states and defer_states:
                 pending.append(store.prepare(r.optimizer_state))
                 cid = pending[-1].cid
-            else:
+            elif keep_states:
                 cid = store.add(r.optimizer_state, pin=True)
-            sha = hashlib.sha256(r.optimizer_state).hexdigest()
         outcomes.append(ShardOutcome(shard=r.shard, submissions=r.submissions, optimizer_state_cid=cid,
                                      optimizer_state_sha256=sha, trimmed_fractions=[repr(float(x)) for x in r.trimmed_fractions],
                                      clipped=r.clipped, update_norm=repr(float(r.update_norm)),

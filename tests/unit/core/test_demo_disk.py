@@ -24,8 +24,8 @@ def _model(tmp_path, size: int):
 def test_the_estimate_scales_with_the_weights_and_the_versions(tmp_path):
     model = _model(tmp_path, 1000)
     assert disk.weight_bytes(model) == 1000
-    assert disk.estimated_bytes(model, 400) == int(1.05 * disk.store_bytes_per_weight_byte(10) * 1000 * 400)
-    assert disk.estimated_bytes(model, 800) == 2 * disk.estimated_bytes(model, 400)
+    assert disk.estimated_bytes(model, 400, 10) == int(1.05 * disk.store_bytes_per_weight_byte(10) * 1000 * 400)
+    assert disk.estimated_bytes(model, 800, 10) == 2 * disk.estimated_bytes(model, 400, 10)
     # the AdamW states (2 x the weights) only every optimizer_state_every-th version
     assert disk.store_bytes_per_weight_byte(1) - disk.store_bytes_per_weight_byte(10) == pytest.approx(2 * 0.9)
 
@@ -41,12 +41,12 @@ def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_de
     assert earlier == [(old, 2048)]
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: Usage(10**12, 0, 10**9))
     with pytest.raises(ConfigError) as info:
-        disk.check_space(current, model, 400, earlier)
+        disk.check_space(current, model, 400, 10, earlier)
     text = str(info.value)
     assert "2.6 GB" in text and "1.0 GB free" in text and "--versions" in text
     assert "20261204-120000 0.0 GB" in text
     assert old.exists()  # listed, never deleted
-    assert disk.check_space(current, model, 20, earlier) == disk.estimated_bytes(model, 20)  # 20 versions fit
+    assert disk.check_space(current, model, 20, 10, earlier) == disk.estimated_bytes(model, 20, 10)  # 20 versions fit
 
 
 def test_tree_bytes_counts_regular_files_and_a_missing_tree_is_empty(tmp_path):
