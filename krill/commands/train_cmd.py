@@ -38,6 +38,8 @@ def train() -> None:
 @click.option("--lr", type=click.FloatRange(min=1e-8, max=1.0), default=1.5e-4, show_default=True)
 @click.option("--density", type=click.FloatRange(min=1e-4, max=1.0), default=0.25, show_default=True,
               help="Fraction of gradient coordinates sent (shared mask).")
+@click.option("--dense-versions", type=click.IntRange(min=0), default=15, show_default=True,
+              help="The first versions send every coordinate (until the momentum can choose the mask).")
 @click.option("--value-dtype", type=click.Choice(["fp16", "bf16", "int8"]), default="int8", show_default=True)
 @click.option("--rule", type=click.Choice(["clip-mix-trim", "trimmed-mean", "median", "mean", "centered-clipping"]),
               default="clip-mix-trim", show_default=True, help="Robust aggregation rule.")
@@ -51,7 +53,7 @@ def train() -> None:
               help="Write the summary JSON here and the learning curve PNG beside it.")
 def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: int, group_size: int,
           max_staleness: int, staleness_weight: str, stale_gradients: bool, minutes: float, versions: int | None, lr: float,
-          density: float, value_dtype: str, rule: str, num_shards: int, eval_n: int, eval_every: int,
+          density: float, dense_versions: int, value_dtype: str, rule: str, num_shards: int, eval_n: int, eval_every: int,
           seed: int, threads: int, summary_path: Path | None) -> None:
     """RL in one process with simulated workers, stale rollouts and robust aggregation."""
     import torch
@@ -76,7 +78,7 @@ def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: i
         num_shards=num_shards, versions=versions, minutes=minutes, eval_n=eval_n, eval_every=eval_every,
         staleness=StalenessConfig(kind=staleness_weight, max_staleness=max_staleness), stale_gradients=stale_gradients,
         optimizer=AdamWConfig(lr=lr, max_grad_norm=1.0),
-        compression=CompressionConfig(density=density, dtype=value_dtype),
+        compression=CompressionConfig(density=density, dtype=value_dtype, dense_versions=dense_versions),
         rule=TypeAdapter(AggregationRule).validate_python({"type": rule}))
     summary = run_local(Path(model_dir), config, echo=click.echo)
     click.echo(f"accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in "

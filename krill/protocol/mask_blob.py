@@ -14,7 +14,7 @@ Design decisions:
   the bytes are a function of the masks alone, as a content-addressed blob must be.
 - Decoding checks everything a mask must satisfy that does not need the momentum: the names and
   sizes of the version's tensors, zero padding, and exactly as many coordinates as the spec's
-  density gives (`mask_size`). So a bad blob can never make a worker send a gradient of the wrong
+  compression gives at that version (`mask_size`: every one during its dense versions, else the density). So a bad blob can never make a worker send a gradient of the wrong
   length; only which coordinates were chosen is left to the audit.
 """
 
@@ -75,8 +75,9 @@ def decode_masks(blob: bytes, shapes: dict[str, torch.Size], config: Compression
         if bits[numel:].any():
             raise PayloadError("padding bits are set", field=f"masks/{name}")
         chosen = torch.from_numpy(bits[:numel].astype(bool))
-        want = mask_size(numel, config)
+        want = mask_size(numel, config, version)
         if int(chosen.sum()) != want:
-            raise PayloadError(f"{int(chosen.sum())} coordinates, the spec's density gives {want}", field=f"masks/{name}")
+            raise PayloadError(f"{int(chosen.sum())} coordinates, the spec's compression gives {want} at version {version}",
+                               field=f"masks/{name}")
         out[name] = flat_indices(chosen)
     return out

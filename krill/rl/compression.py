@@ -7,6 +7,13 @@ Design decisions:
   values on the same coordinates, so a coordinate-wise trimmed mean compares like with like;
   independent per-worker top-k masks would make most coordinates zero for most workers and
   the trimmed mean would discard the update. A public mask also means indices never travel.
+- The first `dense_versions` versions send every coordinate. The momentum exists only where
+  earlier masks were, so a sparse start (a seeded random quarter at version 0) keeps re-choosing
+  that quarter and widens by the exploration share alone (about 6% of the model a version).
+  A dense start gives the momentum every coordinate to choose from. Measured in process
+  (`krill train local`, seeds 0-2, 2026-12-06): 30% held-out accuracy at versions 35/30/40 from a
+  sparse start, 30/25/15 with 15 dense versions (the same as training dense throughout); 1 to 6
+  dense versions did not help reliably. It costs 4x the gradient bytes for those versions only.
 - Ties in |reference| are broken by coordinate index (as a stable sort would; found in linear
   time from the k-th largest value), and the exploration draw
   uses a CPU `torch.Generator`, so every party derives the identical mask.
@@ -43,6 +50,9 @@ class CompressionConfig(BaseModel):
                                     description="Share of the mask drawn at random (seeded) rather than by |reference|.")
     dtype: Literal["fp16", "bf16", "int8"] = Field("int8", description="Encoding of the values on the mask.")
     block_size: int = Field(256, ge=8, le=1 << 20, description="Values per int8 block (one float32 scale each).")
+    dense_versions: int = Field(0, ge=0, le=1_000_000,
+                                description="Versions 0 .. n-1 send every coordinate: until the momentum covers the "
+                                            "model, a mask chosen by it keeps re-picking the first random share.")
 
 
 def mask_seed(run: str, version: int, name: str) -> int:
@@ -86,15 +96,18 @@ def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
     return flat_indices(_top_mask(values, k))
 
 
-def mask_size(numel: int, config: CompressionConfig) -> int:
-    """How many of a tensor's `numel` coordinates its mask holds: ceil(density x numel), at least one."""
+def mask_size(numel: int, config: CompressionConfig, version: int) -> int:
+    """How many of a tensor's `numel` coordinates its mask at `version` holds: all of them for the first
+    `dense_versions` versions, then ceil(density x numel), at least one."""
+    if version < config.dense_versions:
+        return numel
     return min(numel, max(1, math.ceil(config.density * numel)))
 
 
 def shared_mask(name: str, numel: int, reference: torch.Tensor | None, config: CompressionConfig,
                 run: str, version: int) -> torch.Tensor:
     """Sorted int64 flat indices of the coordinates sent for tensor `name` at `version`."""
-    k = mask_size(numel, config)
+    k = mask_size(numel, config, version)
     if k >= numel:
         return torch.arange(numel, dtype=torch.int64)
     k_explore = k if reference is None else int(round(config.explore_fraction * k))

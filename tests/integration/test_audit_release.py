@@ -44,6 +44,7 @@ from krill.protocol.spec import RolloutSpec, RunSpec, VersionSpec, publish_spec
 from krill.protocol.state import load_chain_version
 from krill.protocol.step import Submission, fold_version, publish_version_content
 from krill.protocol.work import Identity, Learned, learn, package, sample
+from krill.rl.compression import CompressionConfig
 from krill.rl.engine.hf import HFEngine
 from krill.rl.staleness import staleness_weight
 from krill.rl.tasks import get_task
@@ -68,7 +69,8 @@ class Run:
         manifest, manifest_cid = publish_model_dir(self.store, tmp / "model", num_shards=2)
         self.spec = RunSpec(name="audit-test", seed=7, task="arithmetic", base_manifest_cid=manifest_cid, num_shards=2,
                             rollout=RolloutSpec(prompts_per_contribution=4, group_size=4),
-                            version=VersionSpec(contributions=2), limits=PayloadLimits(vocab_size=tokenizer.vocab_size + 8))
+                            version=VersionSpec(contributions=2), compression=CompressionConfig(density=0.25, dtype="int8", dense_versions=1),
+                            limits=PayloadLimits(vocab_size=tokenizer.vocab_size + 8))
         self.run_id = publish_spec(self.store, self.spec)
         c = self.spec.chain
         self.chain.create_run(self.run_id, hashlib.sha256(manifest.canonical_bytes()).digest(), RunParams(

@@ -27,6 +27,7 @@ from krill.model.build import TinyModelSpec, build_tiny_model
 from krill.model.publish import publish_model_dir
 from krill.payload.limits import PayloadLimits
 from krill.protocol.spec import ChainSpec, RolloutSpec, RunSpec, publish_spec
+from krill.rl.compression import CompressionConfig
 from krill.store.cid import digest_to_cid
 from krill.store.local import LocalStore
 from krill.verifier.attest import Who
@@ -152,6 +153,7 @@ def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None
         chain_spec = ChainSpec(check_probability_ppm=1_000_000, challenge_window_blocks=WINDOW, attestation_quorum=1)
         spec = RunSpec(name=name, seed=7, task="arithmetic", base_manifest_cid=manifest_cid, num_shards=2,
                        rollout=rollout or RolloutSpec(prompts_per_contribution=4, group_size=4), chain=chain_spec,
+                       compression=CompressionConfig(density=0.25, dtype="int8", dense_versions=1),
                        limits=PayloadLimits(vocab_size=len(tokenizer)))
         publish_spec(store, spec)
         c = spec.chain

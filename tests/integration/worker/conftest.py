@@ -25,6 +25,7 @@ from krill.model.build import TinyModelSpec, build_tiny_model
 from krill.model.publish import publish_model_dir
 from krill.payload.limits import PayloadLimits
 from krill.protocol.spec import ChainSpec, RolloutSpec, RunSpec, publish_spec
+from krill.rl.compression import CompressionConfig
 from krill.rl.staleness import StalenessConfig
 from krill.store.local import LocalStore
 
@@ -60,7 +61,7 @@ class WorkerEnv:
     def new_run(self, name: str, max_staleness: int = 2, quorum: int = 1) -> Run:
         spec = RunSpec(name=name, seed=11, task="arithmetic", base_manifest_cid=self.manifest_cid, num_shards=2,
                        rollout=RolloutSpec(prompts_per_contribution=4, group_size=4),
-                       staleness=StalenessConfig(max_staleness=max_staleness),
+                       staleness=StalenessConfig(max_staleness=max_staleness), compression=CompressionConfig(density=0.25, dtype="int8", dense_versions=1),
                        chain=ChainSpec(max_staleness=max_staleness, attestation_quorum=quorum,
                                        check_probability_ppm=1_000_000, challenge_window_blocks=40),
                        limits=PayloadLimits(vocab_size=self.vocab_size + 8))

@@ -33,7 +33,7 @@ def test_round_trip_is_exact_and_bytes_are_a_function_of_the_masks():
     assert list(decoded) == sorted(SHAPES)
     for n in SHAPES:
         assert decoded[n].dtype == torch.int64 and torch.equal(decoded[n], masks[n])
-        assert decoded[n].numel() == mask_size(SHAPES[n].numel(), CONFIG)
+        assert decoded[n].numel() == mask_size(SHAPES[n].numel(), CONFIG, 3)
     assert encode_masks(_masks(seed=1), SHAPES, RUN, 3) != blob
     # 1 bit per coordinate, against 2 x 32 bits per coordinate for the AdamW state workers fetched before.
     assert len(blob) < sum(s.numel() for s in SHAPES.values()) / 8 + 400
@@ -63,7 +63,7 @@ META = {"format": "krill-masks/1", "run": RUN, "version": 3}
     ("dtype", "masks/b.bias", "uint8"),
     ("length", "masks/c.weight", "expected 64 uint8 bytes"),
     ("padding", "masks/a.weight", "padding"),
-    ("count", "masks/c.weight", "density gives 128"),
+    ("count", "masks/c.weight", "compression gives 128 at version 3"),
 ])
 def test_malformed_blobs_are_rejected_naming_what_is_wrong(case, field, words):
     tensors, meta = _packed(_masks()), dict(META)
@@ -91,6 +91,16 @@ def test_malformed_blobs_are_rejected_naming_what_is_wrong(case, field, words):
     with pytest.raises(PayloadError) as err:
         decode_masks(blob, SHAPES, CONFIG, RUN, 3)
     assert err.value.field == field and words in str(err.value)
+
+
+def test_during_the_dense_versions_only_a_full_mask_is_accepted():
+    dense = CompressionConfig(density=0.25, dense_versions=4)
+    sparse = encode_masks(_masks(), SHAPES, RUN, 3)
+    with pytest.raises(PayloadError, match="compression gives 407 at version 3"):
+        decode_masks(sparse, SHAPES, dense, RUN, 3)
+    full = shared_masks(SHAPES, None, dense, RUN, 3)
+    decoded = decode_masks(encode_masks(full, SHAPES, RUN, 3), SHAPES, dense, RUN, 3)
+    assert all(torch.equal(decoded[n], torch.arange(SHAPES[n].numel())) for n in SHAPES)
 
 
 def test_a_version_rejects_masks_that_do_not_hash_to_its_record(tiny_run):

@@ -31,6 +31,18 @@ def test_mask_is_a_deterministic_function_of_public_state():
     assert len(shared_mask("w", 10, None, cfg, "run-a", 0)) == 4  # no reference yet: all random
 
 
+def test_the_first_dense_versions_send_every_coordinate_then_the_density():
+    ref = torch.arange(100, dtype=torch.float32)
+    cfg = CompressionConfig(density=0.25, dense_versions=3)
+    for version in (0, 1, 2):
+        assert torch.equal(shared_mask("w", 100, ref if version else None, cfg, "run-a", version), torch.arange(100))
+    later = shared_mask("w", 100, ref, cfg, "run-a", 3)
+    assert len(later) == 25
+    assert torch.equal(later, shared_mask("w", 100, ref, CompressionConfig(density=0.25), "run-a", 3))
+    with pytest.raises(ValueError):
+        CompressionConfig(dense_versions=-1)
+
+
 @pytest.mark.parametrize("dtype,tol", [("fp16", 1e-3), ("bf16", 1e-2), ("int8", 1e-2)])
 def test_round_trip_and_measured_ratio(dtype, tol):
     torch.manual_seed(0)

@@ -13,7 +13,8 @@ def test_train_local_runs_versions_and_writes_summary_and_curve(tmp_path):
     summary = tmp_path / "out" / "summary.json"
     result = CliRunner().invoke(train, [
         "local", "--model", str(model_dir), "--versions", "3", "--workers", "5", "--prompts-per-worker", "2",
-        "--group-size", "4", "--eval-n", "20", "--eval-every", "2", "--threads", "1", "--summary", str(summary)])
+        "--group-size", "4", "--eval-n", "20", "--eval-every", "2", "--threads", "1", "--dense-versions", "1",
+        "--summary", str(summary)])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("v")]
     assert len(lines) == 3 and "staleness" in lines[0] and "tok/s" in lines[0]
