@@ -12,8 +12,8 @@ Design decisions:
   bytes per contribution (what the coordinator receives). What the coordinator publishes (new
   shard weights, optimizer states) does not depend on gradient compression; `krill bench protocol`
   measures it.
-- Every setting starts sparse (`dense_versions` 0): the spec's dense first versions are the same
-  for every codec and would hide the steady-state bytes this compares.
+- Every setting starts sparse (`dense_versions` 0, the spec default): dense first versions would
+  be the same for every codec and hide the steady-state bytes this compares.
 - Accuracy at equal budget, two readings: equal compute (every setting trains V versions) and
   equal bytes (every setting gets the bytes the spec default, int8 on a 25% mask, sends in V
   versions; a denser setting is evaluated at the version where it has sent that much; a sparser

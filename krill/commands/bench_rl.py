@@ -23,6 +23,12 @@ import click
 SHARED_CORES = 0.25  # other processes' mean CPU use (cores) above which a run counts as shared
 
 
+
+def _dense_start(compression: dict) -> str:
+    """' after N dense versions' where the run's compression starts dense, else nothing."""
+    n = compression.get("dense_versions", 0)
+    return f" after {n} dense version{'s' if n != 1 else ''}" if n else ""
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
@@ -65,7 +71,8 @@ def markdown(r: dict) -> str:
               f"grad-norm clip 1, no KL, advantage = reward - group mean, token-level loss, fp32, no gradient "
               f"checkpointing, {s['torch_threads']} torch thread(s). Krill: `krill train local`'s loop "
               f"({s['workers']} simulated workers, rollouts up to {s['krill_config']['staleness']['max_staleness']} "
-              f"versions stale, int8 shared-mask compression at density {s['krill_config']['compression']['density']}, "
+              f"versions stale, int8 shared-mask compression at density {s['krill_config']['compression']['density']}"
+              f"{_dense_start(s['krill_config']['compression'])}, "
               f"{s['krill_config']['rule']['type']} aggregation, per-shard AdamW). TRL: GRPOTrainer, one generation "
               f"batch per step (on-policy), loss_type dapo, scale_rewards none, beta 0, no vLLM.", "",
               f"{s['seeds']} seed(s) per side, alternating; {s['seconds']:.0f} s of training per run"

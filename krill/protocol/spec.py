@@ -100,7 +100,7 @@ class RunSpec(_Part):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     version: VersionSpec = Field(default_factory=VersionSpec)
     loss: LossConfig = Field(default_factory=LossConfig)
-    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8", dense_versions=15))
+    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
     optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4))
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)

@@ -7,13 +7,15 @@ Design decisions:
   values on the same coordinates, so a coordinate-wise trimmed mean compares like with like;
   independent per-worker top-k masks would make most coordinates zero for most workers and
   the trimmed mean would discard the update. A public mask also means indices never travel.
-- The first `dense_versions` versions send every coordinate. The momentum exists only where
-  earlier masks were, so a sparse start (a seeded random quarter at version 0) keeps re-choosing
-  that quarter and widens by the exploration share alone (about 6% of the model a version).
-  A dense start gives the momentum every coordinate to choose from. Measured in process
-  (`krill train local`, seeds 0-2, 2026-12-06): 30% held-out accuracy at versions 35/30/40 from a
-  sparse start, 30/25/15 with 15 dense versions (the same as training dense throughout); 1 to 6
-  dense versions did not help reliably. It costs 4x the gradient bytes for those versions only.
+- `dense_versions` (default 0) makes the first versions send every coordinate. The momentum
+  exists only where earlier masks were, so a sparse start (a seeded random quarter at version 0)
+  keeps re-choosing that quarter and widens by the exploration share alone. Measured 2026-12-06
+  (2 cores): in process (`krill train local`, seeds 0-2) 30% held-out accuracy came at versions
+  30/25/15 with 15 dense versions against 35/30/40 from a sparse start, but in time the dense
+  versions' cost (twice a sparse one) ate the gain (10/10/15 s against 10/10/10). In four default
+  demos with 15 dense versions 30% came 3 s sooner (14.9-15.4 s against 17-19) and 50% 10-20 s
+  later (72-78 s against 53-67 in six demos before). So the default stays sparse; the option is
+  there for runs whose early versions are cheap next to their bytes.
 - Ties in |reference| are broken by coordinate index (as a stable sort would; found in linear
   time from the k-th largest value), and the exploration draw
   uses a CPU `torch.Generator`, so every party derives the identical mask.

@@ -78,7 +78,7 @@ class LocalTrainConfig(BaseModel):
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4, max_grad_norm=1.0))
-    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8", dense_versions=15))
+    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
     stale_gradients: bool = Field(False, description="Apply each version's contributions one version later "
                                                      "(gradients one version stale, as a pipelined protocol run).")

@@ -160,7 +160,7 @@ def make_env(root: Path, model_dir: Path, spec: dict) -> Env:
 SMALL_SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4},
               "version": {"contributions": 2, "deadline_s": 600.0}, "chain": {"max_staleness": 0},
               "eval_n": 16,
-              # dense at version 0 only, so the versions after choose masks by the momentum
+              # version 0 dense, the versions after sparse: both kinds of mask go through the protocol
               "compression": {"density": 0.25, "dtype": "int8", "dense_versions": 1}}
 
 
