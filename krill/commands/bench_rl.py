@@ -23,11 +23,11 @@ import click
 SHARED_CORES = 0.25  # other processes' mean CPU use (cores) above which a run counts as shared
 
 
-
 def _dense_start(compression: dict) -> str:
     """' after N dense versions' where the run's compression starts dense, else nothing."""
     n = compression.get("dense_versions", 0)
     return f" after {n} dense version{'s' if n != 1 else ''}" if n else ""
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"

@@ -14,8 +14,9 @@ Design decisions:
   the bytes are a function of the masks alone, as a content-addressed blob must be.
 - Decoding checks everything a mask must satisfy that does not need the momentum: the names and
   sizes of the version's tensors, zero padding, and exactly as many coordinates as the spec's
-  compression gives at that version (`mask_size`: every one during its dense versions, else the density). So a bad blob can never make a worker send a gradient of the wrong
-  length; only which coordinates were chosen is left to the audit.
+  compression gives at that version (`mask_size`: all of them during its dense versions, else the
+  density). So a bad blob can never make a worker send a gradient of the wrong length; only which
+  coordinates were chosen is left to the audit.
 """
 
 from __future__ import annotations
