@@ -7,16 +7,17 @@ Design decisions:
   values on the same coordinates, so a coordinate-wise trimmed mean compares like with like;
   independent per-worker top-k masks would make most coordinates zero for most workers and
   the trimmed mean would discard the update. A public mask also means indices never travel.
-- `dense_versions` (default 0) makes the first versions send every coordinate. The momentum
-  exists only where earlier masks were, so a sparse start (a seeded random quarter at version 0)
-  keeps re-choosing that quarter and widens by the exploration share alone. Measured 2026-12-06
-  (2 cores): in process (`krill train local`, seeds 0-2) 30% held-out accuracy came at versions
-  30/25/15 with 15 dense versions against 35/30/40 from a sparse start, but in time the dense
-  versions' cost (twice a sparse one) ate the gain (10/10/15 s against 10/10/10). In four default
-  demos with 15 dense versions 30% came 3 s sooner (14.9-15.4 s against 17-20) and 50% 10-20 s
-  later (72-78 s against 53-68 in the eleven sparse-start demos since 03:24). So the default stays
-  sparse, and is left out of the spec's encoding (run ids of earlier specs are unchanged); the
-  option is there for runs whose early versions are cheap next to their bytes.
+- `dense_versions` (default 0) makes the first versions send every coordinate. Measured
+  2026-12-06 (2 cores): in process (`krill train local`, seeds 0-2) 30% held-out accuracy came at
+  versions 30/25/15 with 15 dense versions against 35/30/40 from a sparse start, but in time the
+  dense versions' cost (twice a sparse one) ate the gain (10/10/15 s against 10/10/10). In four
+  default demos with 15 dense versions 30% came 3 s sooner (14.9-15.4 s against 17-20) and 50%
+  10-20 s later (72-78 s against 53-68 in the eleven sparse-start demos since 03:24). The gain is
+  not the mask's coverage (the momentum starts on version 0's random quarter): fresh random masks
+  for the first 5, 10 or 20 versions reached 30% at versions 35-40, as the sparse start did; it is
+  updating every coordinate, at 4x the bytes. So the default stays sparse, and is left out of the
+  spec's encoding (run ids of earlier specs are unchanged); the option is there for runs whose
+  early versions are cheap next to their bytes.
 - Ties in |reference| are broken by coordinate index (as a stable sort would; found in linear
   time from the k-th largest value), and the exploration draw
   uses a CPU `torch.Generator`, so every party derives the identical mask.
@@ -54,8 +55,8 @@ class CompressionConfig(BaseModel):
     dtype: Literal["fp16", "bf16", "int8"] = Field("int8", description="Encoding of the values on the mask.")
     block_size: int = Field(256, ge=8, le=1 << 20, description="Values per int8 block (one float32 scale each).")
     dense_versions: int = Field(0, ge=0, le=1_000_000,
-                                description="Versions 0 .. n-1 send every coordinate: until the momentum covers the "
-                                            "model, a mask chosen by it keeps re-picking the first random share.")
+                                description="Versions 0 .. n-1 send every coordinate (4x the bytes of a 25% mask); "
+                                            "the shared mask applies from version n.")
 
     @model_serializer(mode="wrap")
     def _omit_sparse_start(self, handler):
