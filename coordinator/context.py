@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from krill.config import CoordinatorConfig
+
 MAX_CACHED_CONTRIBUTIONS = 512
 
 
@@ -33,7 +35,8 @@ class RunContext:
     spec: object                  # RunSpec
     chain_id: int
     shards: list[int] | None = None
-    optimizer_state_every: int = 10  # store the optimizer states at every this many versions
+    # store the optimizer states at every this many versions (the config's default where none is given)
+    optimizer_state_every: int = CoordinatorConfig.model_fields["optimizer_state_every"].default
     _states: dict[int, object] = field(default_factory=dict, repr=False)
     _contributions: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
