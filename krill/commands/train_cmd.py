@@ -39,7 +39,7 @@ def train() -> None:
 @click.option("--density", type=click.FloatRange(min=1e-4, max=1.0), default=0.25, show_default=True,
               help="Fraction of gradient coordinates sent (shared mask).")
 @click.option("--dense-versions", type=click.IntRange(min=0), default=0, show_default=True,
-              help="The first versions send every coordinate (until the momentum can choose the mask).")
+              help="The first versions send every coordinate (4x the bytes of a 25% int8 mask), then the shared mask.")
 @click.option("--value-dtype", type=click.Choice(["fp16", "bf16", "int8"]), default="int8", show_default=True)
 @click.option("--rule", type=click.Choice(["clip-mix-trim", "trimmed-mean", "median", "mean", "centered-clipping"]),
               default="clip-mix-trim", show_default=True, help="Robust aggregation rule.")
