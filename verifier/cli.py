@@ -89,9 +89,11 @@ def _run(config, bar, max_attestations: int | None) -> None:
     import torch
 
     from krill.commands.role_cmds import password_prompt
+    from krill.errors import ChainUnavailableError, StoreUnavailableError
     from krill.runtime import apply_cpu_settings, role_state_dir
     from krill.verifier.attest import Who
     from krill.verifier.loop import DEVNET_CHAIN_IDS, LoopSettings, VerifierLoop
+    from krill.verifier.replay import RunDataUnavailable
     from krill.verifier.state import VerifierState
 
     apply_cpu_settings(config.verifier)
@@ -113,6 +115,10 @@ def _run(config, bar, max_attestations: int | None) -> None:
                             confirmations=config.chain.confirmations,
                             devnet_mine_after_s=2.0 if chain_id in DEVNET_CHAIN_IDS else None)
     loop = VerifierLoop(chain, store, spec, state, who, settings, echo=echo, calibration=config.verifier.calibration)
+    try:
+        echo(f"ready to check: model, tokenizer and task loaded in {loop.replayer.warm_up():.1f}s")
+    except (RunDataUnavailable, ChainUnavailableError, StoreUnavailableError) as exc:
+        echo(f"not warmed up ({type(exc).__name__}: {exc}); the first check loads what it needs")
     counts = state.counts()
     first = counts["attested"]
     echo(f"verifier {identity.address} on run {spec.run_id.hex()[:16]}… (check probability "

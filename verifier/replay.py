@@ -198,6 +198,20 @@ class Replayer:
         self.contract = chain.address.lower()
         self.policies = Policies(chain, store, spec)
 
+    def warm_up(self) -> float:
+        """Load the run's latest version, its model and engine, the tokenizer, the task and the masks
+        before any commit is drawn; returns the seconds it took.
+
+        A verifier's first check otherwise pays for importing the model code and building the model
+        (1-3 s of CPU here): in the demo that came during versions 5-15, on the cores the workers
+        and the coordinator share, and it delays the first attestation by as much."""
+        started = time.perf_counter()
+        version = int(self.chain.run_of(self.spec.run_id).latest_version)
+        self.policies.task()
+        self.policies.engine(version)
+        self.policies.grad_lengths(version)
+        return time.perf_counter() - started
+
     # ------------------------------------------------------------------ fetching
 
     def _fetch(self, cid: str, cap: int, name: str) -> bytes:

@@ -36,6 +36,25 @@ def test_honest_contributions_pass_every_check(run_env, tmp_path):
     assert loaded == ["resample"]  # the first replay's resample loaded it, and said so in its evidence
 
 
+def test_a_warmed_up_verifier_loads_no_model_during_its_checks(run_env, tmp_path):
+    """`Replayer.warm_up` builds the latest version's model (and loads tokenizer, task and masks)
+    before any commit is drawn, so the first check does not pay for it on the cores a run's
+    workers share; the check then says no model load in its evidence."""
+    env, lines = run_env, []
+    start = env.head()
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    policies = loop.replayer.policies
+    assert policies.loads == 0
+    assert loop.replayer.warm_up() > 0
+    assert policies.loads == 1 and policies._tokenizer is not None and policies._task is not None
+    commit_id = env.produce(WORKER_A)[0]
+    drive(env, loop, [commit_id])
+    evidence = verdict(env, loop, commit_id)
+    assert evidence.ok, evidence.checks
+    assert policies.loads == 1
+    assert not [c.name for c in evidence.checks if "model_load_ms" in c.figures]
+
+
 def test_a_commit_the_draw_passes_over_is_skipped_without_sealing(run_env, tmp_path, monkeypatch):
     """The draw is computed on the block hash before anything is sent: a commit it does not select
     costs this verifier no transaction, and its randomness stays unsealed. (The run checks every
