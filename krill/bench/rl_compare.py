@@ -270,25 +270,38 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
             evaluating += eval_s
         at[version] = round(elapsed, 3)
     curve = [[version, at[version], None, accuracy] for version, accuracy in evals if version in at]
-    prompts, group = _demo_rollout(Path(db_path).parent / "spec.toml")
+    prompts, group, seed = _demo_rollout(Path(db_path).parent / "spec.toml")
     per_version = statistics.median(folded) if folded else None
     return {"db": str(db_path), "versions": rows[-1][0] if rows else 0, "seconds": round(elapsed, 3),
             "setup_seconds": round(setup, 3), "eval_seconds": round(evaluating, 3), "curve": curve,
             "contributions_per_version": per_version, "prompts_per_contribution": prompts, "group_size": group,
+            "seed": seed, "workers": _demo_workers(Path(db_path).parent / "summary.json"),
             "time_to": {str(t): time_to(curve, t) for t in targets}}
 
 
-def _demo_rollout(spec_file: Path) -> tuple[int | None, int | None]:
-    """(prompts per contribution, samples per prompt) of a demo's run, from the spec overrides it
-    wrote beside its database and the spec's defaults; (None, None) where there is no such file."""
+def _demo_rollout(spec_file: Path) -> tuple[int | None, int | None, int | None]:
+    """(prompts per contribution, samples per prompt, run seed) of a demo's run, from the spec
+    overrides it wrote beside its database and the spec's defaults; Nones where there is no such file."""
     import tomllib
 
-    from krill.protocol.spec import RolloutSpec
+    from krill.protocol.spec import RolloutSpec, RunSpec
 
     if not spec_file.is_file():
-        return None, None
-    rollout = RolloutSpec(**tomllib.loads(spec_file.read_text()).get("rollout", {}))
-    return rollout.prompts_per_contribution, rollout.group_size
+        return None, None, None
+    overrides = tomllib.loads(spec_file.read_text())
+    rollout = RolloutSpec(**overrides.get("rollout", {}))
+    return rollout.prompts_per_contribution, rollout.group_size, int(overrides.get("seed", RunSpec.model_fields["seed"].default))
+
+
+def _demo_workers(summary_file: Path) -> dict | None:
+    """{"honest": n, "attacking": n} from a finished demo's summary.json (None where there is none)."""
+    import json
+
+    if not summary_file.is_file():
+        return None
+    workers = json.loads(summary_file.read_text()).get("workers") or []
+    attacking = sum(w.get("behavior") != "honest" for w in workers)
+    return {"honest": len(workers) - attacking, "attacking": attacking}
 
 
 def protocol_summary(demos: list[dict], targets: tuple[float, ...]) -> dict:

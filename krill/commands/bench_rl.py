@@ -133,7 +133,14 @@ def _protocol_md(r: dict) -> list[str]:
         if d.get("contributions_per_version") is not None and d.get("prompts_per_contribution"):
             setup += (f"; {d['contributions_per_version']:g} contributions of {d['prompts_per_contribution']} "
                       f"prompts x {d['group_size']} samples folded per version (median)")
-        lines.append(f"- demo {i}: {d['db']}: {d['versions']} versions in {d['seconds']:.0f} s{setup}")
+        who = ""
+        if d.get("seed") is not None:
+            who += f"run seed {d['seed']}"
+        if d.get("workers"):
+            w = d["workers"]
+            who += f"{', ' if who else ''}{w['honest']} honest worker(s), {w['attacking']} attacking"
+        lines.append(f"- demo {i}: {d['db']}{f' ({who})' if who else ''}: {d['versions']} versions in "
+                     f"{d['seconds']:.0f} s{setup}")
     lines += ["", "Protocol time: the coordinator's own clock between publications, less its evaluations, summed from "
               "version 1's publication (version 1's seconds are mostly the workers' start-up, left out as TRL's "
               "set-up is), up to the first of its evaluations (500 held-out prompts, every few versions) at or "

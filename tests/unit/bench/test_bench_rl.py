@@ -85,9 +85,17 @@ def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluat
     assert p["curve"] == [[0, 0.0, None, 0.2], [2, 2.0, None, 0.35], [4, 7.0, None, 0.45]]
     assert p["time_to"] == {"0.3": 2.0, "0.4": 7.0, "0.5": None}
     assert p["contributions_per_version"] == 1 and p["prompts_per_contribution"] is None  # no spec.toml beside it
+    assert p["seed"] is None and p["workers"] is None
     (tmp_path / "spec.toml").write_text("[rollout]\nprompts_per_contribution = 16\n")
     p = protocol_times(db, (0.3,))
     assert (p["contributions_per_version"], p["prompts_per_contribution"], p["group_size"]) == (1, 16, 8)
+    assert p["seed"] == 0  # the spec's default where the overrides name none
+    (tmp_path / "spec.toml").write_text("seed = 2\n[rollout]\nprompts_per_contribution = 16\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"workers": [
+        {"name": "worker-0", "behavior": "honest"}, {"name": "worker-1", "behavior": "honest"},
+        {"name": "worker-2", "behavior": "forge-rewards"}]}))
+    p = protocol_times(db, (0.3,))
+    assert p["seed"] == 2 and p["workers"] == {"honest": 2, "attacking": 1}
 
 
 def test_several_demos_give_the_median_time_and_each_demos_row(tmp_path):
@@ -105,6 +113,9 @@ def test_several_demos_give_the_median_time_and_each_demos_row(tmp_path):
     assert p["reached"] == {"0.3": 3, "0.4": 3, "0.5": 0} and p["runs"] == 3
     md = "\n".join(_protocol_md({"protocol": p, "summary": {"trl": {"time_to": {"0.3": 4.0, "0.4": 4.0, "0.5": 9.0}}}}))
     assert "## Full protocol (3 `krill demo` runs)" in md and f"- demo 2: {dbs[1]}: 7 versions in 6 s" in md
+    demos[0].update(seed=1, workers={"honest": 3, "attacking": 0})
+    seeded = "\n".join(_protocol_md({"protocol": protocol_summary(demos, (0.3,)), "summary": {"trl": None}}))
+    assert f"- demo 1: {dbs[0]} (run seed 1, 3 honest worker(s), 0 attacking): 7 versions in 6 s" in seeded
     assert "| 30% | 2 | 4 | 1 | 2 | 4 | 0.50 |" in md and "| 40% | 6 | 5 | 3 | 5 | 4 | 1.25 |" in md
     assert "| 50% | - | - | - | - | 9 | - |" in md
 
