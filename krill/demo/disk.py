@@ -9,6 +9,12 @@ Design decisions:
   when it stored the states at every version). The estimate is `OTHER_BYTES_PER_WEIGHT_BYTE` +
   2 / `optimizer_state_every` times the model's weight files per version, for the version budget
   (an upper bound: a demo that runs out of minutes first writes less).
+- A dense start (`compression.dense_versions` in the spec overrides) sends every coordinate for its
+  first versions: each worker's gradient values then cover all the parameters instead of the
+  spec's density, so each such version adds workers x (1 - density) x the value bytes per
+  parameter (1 for int8, 2 for fp16/bf16) x the parameter count, which the estimate counts for
+  the dense versions within the budget (every worker, attackers included: they commit until
+  jailed).
 - A demo that would fill the disk stops before it starts, with the figures and what to do (a
   smaller `--versions`, another `--workdir`, or deleting earlier demos, whose sizes it lists):
   an Anvil node, a coordinator and five role processes failing on a full disk mid-run leave
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from krill.errors import ConfigError
@@ -39,9 +46,31 @@ def store_bytes_per_weight_byte(optimizer_state_every: int) -> float:
     return OTHER_BYTES_PER_WEIGHT_BYTE + STATE_BYTES_PER_WEIGHT_BYTE / optimizer_state_every
 
 
-def estimated_bytes(model_dir: Path, versions: int, optimizer_state_every: int) -> int:
+@dataclass(frozen=True)
+class DenseStart:
+    """The run's dense start, as the disk estimate needs it."""
+
+    versions: int  # compression.dense_versions
+    density: float  # compression.density: the share the sparse versions send
+    value_bytes: int  # bytes per sent value: 1 (int8) or 2 (fp16, bf16)
+    workers: int  # worker processes committing
+
+    @classmethod
+    def of(cls, compression, workers: int) -> DenseStart:
+        """From a `CompressionConfig` and the demo's worker count."""
+        return cls(compression.dense_versions, compression.density, 1 if compression.dtype == "int8" else 2, workers)
+
+    def bytes_per_weight_byte(self) -> float:
+        """Extra store bytes a dense version writes per byte of fp32 weights (4 bytes a parameter)."""
+        return self.workers * (1.0 - self.density) * self.value_bytes / 4.0
+
+
+def estimated_bytes(model_dir: Path, versions: int, optimizer_state_every: int, dense: DenseStart | None = None) -> int:
     """What a demo of `versions` versions of `model_dir` writes, at most (store plus 5% for the rest)."""
-    return int(1.05 * store_bytes_per_weight_byte(optimizer_state_every) * weight_bytes(model_dir) * versions)
+    per_weight_byte = store_bytes_per_weight_byte(optimizer_state_every) * versions
+    if dense is not None:
+        per_weight_byte += dense.bytes_per_weight_byte() * min(dense.versions, versions)
+    return int(1.05 * per_weight_byte * weight_bytes(model_dir))
 
 
 def tree_bytes(path: Path) -> int:
@@ -68,9 +97,9 @@ def gigabytes(n: int) -> str:
 
 
 def check_space(workdir: Path, model_dir: Path, versions: int, optimizer_state_every: int,
-                earlier: list[tuple[Path, int]] | None = None) -> int:
+                earlier: list[tuple[Path, int]] | None = None, dense: DenseStart | None = None) -> int:
     """The estimated bytes; raises ConfigError when the disk under `workdir` has less free than that."""
-    need = estimated_bytes(model_dir, versions, optimizer_state_every)
+    need = estimated_bytes(model_dir, versions, optimizer_state_every, dense)
     probe = workdir
     while not probe.exists():
         probe = probe.parent
@@ -82,6 +111,11 @@ def check_space(workdir: Path, model_dir: Path, versions: int, optimizer_state_e
                     f"{gigabytes(sum(b for _, b in earlier))}: " + ", ".join(f"{d.name} {gigabytes(b)}" for d, b in earlier))
         raise ConfigError(f"krill demo needs about {gigabytes(need)} in {workdir} ({versions} versions of a "
                           f"{weight_bytes(model_dir) / 1e6:.1f} MB model: the store keeps each version's weights, and "
-                          f"the AdamW states every {optimizer_state_every} versions) and {probe} has {gigabytes(free)} free; pass a smaller --versions, another "
+                          f"the AdamW states every {optimizer_state_every} versions{_dense_text(dense, versions)}) and {probe} has {gigabytes(free)} free; pass a smaller --versions, another "
                           f"--workdir, or free space{hint}")
     return need
+
+
+def _dense_text(dense: DenseStart | None, versions: int) -> str:
+    n = 0 if dense is None else min(dense.versions, versions)
+    return f"; every coordinate of every gradient for the first {n}" if n else ""

@@ -114,6 +114,15 @@ def demo_spec(config: DemoConfig) -> dict:
     return out
 
 
+def spec_compression(config: DemoConfig):
+    """The `CompressionConfig` the demo's run will have: the spec's default with the overrides' table."""
+    from krill.protocol.spec import RunSpec
+    from krill.rl.compression import CompressionConfig
+
+    default = RunSpec.model_fields["compression"].default_factory()
+    return CompressionConfig(**{**default.model_dump(), **demo_spec(config).get("compression", {})})
+
+
 def role_settings(config: DemoConfig, role: str) -> dict:
     """Settings of a worker's or verifier's config section beyond its poll interval."""
     if role == "worker" and config.fresh_gradients:
@@ -160,7 +169,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     from krill.chain.devnet import provision
     from krill.chain.rpc import dev_accounts
     from krill.config import CoordinatorConfig
-    from krill.demo.disk import check_space, gigabytes
+    from krill.demo.disk import DenseStart, check_space, gigabytes
     from krill.demo.processes import ProcessGroup
     from krill.keystore import KdfCost, create_keystore
     from krill.model.base import ensure_base_model
@@ -181,7 +190,8 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
             f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
     every = CoordinatorConfig.model_fields["optimizer_state_every"].default  # the demo coordinator's
-    need = check_space(workdir, Path(model_dir), config.versions, every, earlier)
+    need = check_space(workdir, Path(model_dir), config.versions, every, earlier,
+                       DenseStart.of(spec_compression(config), config.workers))
     echo(f"the store will take up to about {gigabytes(need)} in {workdir} (every version's weights; the AdamW "
          f"states every {every} versions)")
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers

@@ -30,6 +30,26 @@ def test_the_estimate_scales_with_the_weights_and_the_versions(tmp_path):
     assert disk.store_bytes_per_weight_byte(1) - disk.store_bytes_per_weight_byte(10) == pytest.approx(2 * 0.9)
 
 
+def test_a_dense_start_adds_each_workers_unsent_coordinates_for_its_versions(tmp_path):
+    from krill.demo.orchestrate import DemoConfig, spec_compression
+
+    model = _model(tmp_path, 4000)  # 1,000 fp32 parameters
+    sparse = disk.estimated_bytes(model, 400, 10)
+    # 4 workers, 25% int8: a dense version sends 750 more int8 values per worker, 3,000 bytes (0.75 x the weights)
+    dense = disk.DenseStart(versions=15, density=0.25, value_bytes=1, workers=4)
+    assert dense.bytes_per_weight_byte() == pytest.approx(0.75)
+    assert disk.estimated_bytes(model, 400, 10, dense) - sparse == pytest.approx(1.05 * 15 * 3000, abs=1)
+    # only the dense versions within the budget count; none at all is the sparse estimate
+    assert disk.estimated_bytes(model, 10, 10, dense) - disk.estimated_bytes(model, 10, 10) == pytest.approx(
+        1.05 * 10 * 3000, abs=1)
+    assert disk.estimated_bytes(model, 400, 10, disk.DenseStart(0, 0.25, 1, 4)) == sparse
+    # the demo reads its run's compression from the spec's default and its overrides
+    default = spec_compression(DemoConfig())
+    assert (default.density, default.dtype, default.dense_versions) == (0.25, "int8", 0)
+    overridden = spec_compression(DemoConfig(spec_overrides={"compression": {"dense_versions": 15, "dtype": "fp16"}}))
+    assert disk.DenseStart.of(overridden, 4) == disk.DenseStart(15, 0.25, 2, 4)
+
+
 def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_demos(tmp_path, monkeypatch):
     model = _model(tmp_path, 4_000_000)
     parent = tmp_path / "demo"
@@ -47,6 +67,8 @@ def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_de
     assert "20261204-120000 0.0 GB" in text
     assert old.exists()  # listed, never deleted
     assert disk.check_space(current, model, 20, 10, earlier) == disk.estimated_bytes(model, 20, 10)  # 20 versions fit
+    with pytest.raises(ConfigError, match="every coordinate of every gradient for the first 20"):
+        disk.check_space(current, model, 300, 10, earlier, disk.DenseStart(20, 0.25, 1, 4))
 
 
 def test_tree_bytes_counts_regular_files_and_a_missing_tree_is_empty(tmp_path):
