@@ -115,12 +115,14 @@ def demo_spec(config: DemoConfig) -> dict:
 
 
 def spec_compression(config: DemoConfig):
-    """The `CompressionConfig` the demo's run will have: the spec's default with the overrides' table."""
+    """The `CompressionConfig` the demo's run will have, as `create-run` builds the spec: the spec's
+    default where the overrides have no compression table, else that table over `CompressionConfig`'s
+    own defaults (a table replaces the spec's default whole, density included)."""
     from krill.protocol.spec import RunSpec
     from krill.rl.compression import CompressionConfig
 
-    default = RunSpec.model_fields["compression"].default_factory()
-    return CompressionConfig(**{**default.model_dump(), **demo_spec(config).get("compression", {})})
+    table = demo_spec(config).get("compression")
+    return RunSpec.model_fields["compression"].default_factory() if table is None else CompressionConfig(**table)
 
 
 def role_settings(config: DemoConfig, role: str) -> dict:

@@ -43,11 +43,28 @@ def test_a_dense_start_adds_each_workers_unsent_coordinates_for_its_versions(tmp
     assert disk.estimated_bytes(model, 10, 10, dense) - disk.estimated_bytes(model, 10, 10) == pytest.approx(
         1.05 * 10 * 3000, abs=1)
     assert disk.estimated_bytes(model, 400, 10, disk.DenseStart(0, 0.25, 1, 4)) == sparse
-    # the demo reads its run's compression from the spec's default and its overrides
+    # the demo reads its run's compression as create-run will build it: the spec's default without a
+    # compression table; a table replaces it whole (CompressionConfig's own density, 0.1, where it names none)
     default = spec_compression(DemoConfig())
     assert (default.density, default.dtype, default.dense_versions) == (0.25, "int8", 0)
-    overridden = spec_compression(DemoConfig(spec_overrides={"compression": {"dense_versions": 15, "dtype": "fp16"}}))
-    assert disk.DenseStart.of(overridden, 4) == disk.DenseStart(15, 0.25, 2, 4)
+    assert default == _created_spec(DemoConfig()).compression
+    demo = DemoConfig(spec_overrides={"compression": {"dense_versions": 15, "dtype": "fp16"}})
+    overridden = spec_compression(demo)
+    assert overridden == _created_spec(demo).compression
+    assert disk.DenseStart.of(overridden, 4) == disk.DenseStart(15, 0.1, 2, 4)
+
+
+def _created_spec(config):
+    """The RunSpec `krill coordinator create-run` builds from the demo's overrides, over a two-tensor model."""
+    from types import SimpleNamespace
+
+    from krill.coordinator.create_run import build_spec
+    from krill.demo.orchestrate import demo_spec
+
+    shards = [SimpleNamespace(parameters=[SimpleNamespace(shape=[4, 8])]),
+              SimpleNamespace(parameters=[SimpleNamespace(shape=[8])])]
+    manifest = SimpleNamespace(shards=shards, architecture={"vocab_size": 16, "max_position_embeddings": 32})
+    return build_spec("krill-demo", manifest, "bafy" + "a" * 40, 2, demo_spec(config))
 
 
 def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_demos(tmp_path, monkeypatch):
