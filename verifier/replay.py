@@ -202,9 +202,10 @@ class Replayer:
         """Load the run's latest version, its model and engine, the tokenizer, the task and the masks
         before any commit is drawn; returns the seconds it took.
 
-        A verifier's first check otherwise pays for importing the model code and building the model
-        (1-3 s of CPU here): in the demo that came during versions 5-15, on the cores the workers
-        and the coordinator share, and it delays the first attestation by as much."""
+        A verifier's first check otherwise pays for importing the model code and building the model:
+        in the demo of 2026-12-06 that check's resample took 3.3 s at nice 10, during versions 5-15,
+        on the cores the workers and the coordinator share, and it delays the first attestation by
+        as much."""
         started = time.perf_counter()
         version = int(self.chain.run_of(self.spec.run_id).latest_version)
         self.policies.task()

@@ -270,7 +270,7 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
             evaluating += eval_s
         at[version] = round(elapsed, 3)
     curve = [[version, at[version], None, accuracy] for version, accuracy in evals if version in at]
-    prompts, group, seed = _demo_rollout(Path(db_path).parent / "spec.toml")
+    prompts, group, seed = _demo_spec_settings(Path(db_path).parent / "spec.toml")
     per_version = statistics.median(folded) if folded else None
     return {"db": str(db_path), "versions": rows[-1][0] if rows else 0, "seconds": round(elapsed, 3),
             "setup_seconds": round(setup, 3), "eval_seconds": round(evaluating, 3), "curve": curve,
@@ -279,7 +279,7 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
             "time_to": {str(t): time_to(curve, t) for t in targets}}
 
 
-def _demo_rollout(spec_file: Path) -> tuple[int | None, int | None, int | None]:
+def _demo_spec_settings(spec_file: Path) -> tuple[int | None, int | None, int | None]:
     """(prompts per contribution, samples per prompt, run seed) of a demo's run, from the spec
     overrides it wrote beside its database and the spec's defaults; Nones where there is no such file."""
     import tomllib

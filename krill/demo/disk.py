@@ -60,6 +60,10 @@ class DenseStart:
         """From a `CompressionConfig` and the demo's worker count."""
         return cls(compression.dense_versions, compression.density, 1 if compression.dtype == "int8" else 2, workers)
 
+    def within(self, versions: int) -> int:
+        """How many of a budget of `versions` versions are dense."""
+        return min(self.versions, versions)
+
     def bytes_per_weight_byte(self) -> float:
         """Extra store bytes a dense version writes per byte of fp32 weights (4 bytes a parameter)."""
         return self.workers * (1.0 - self.density) * self.value_bytes / 4.0
@@ -69,7 +73,7 @@ def estimated_bytes(model_dir: Path, versions: int, optimizer_state_every: int, 
     """What a demo of `versions` versions of `model_dir` writes, at most (store plus 5% for the rest)."""
     per_weight_byte = store_bytes_per_weight_byte(optimizer_state_every) * versions
     if dense is not None:
-        per_weight_byte += dense.bytes_per_weight_byte() * min(dense.versions, versions)
+        per_weight_byte += dense.bytes_per_weight_byte() * dense.within(versions)
     return int(1.05 * per_weight_byte * weight_bytes(model_dir))
 
 
@@ -117,5 +121,5 @@ def check_space(workdir: Path, model_dir: Path, versions: int, optimizer_state_e
 
 
 def _dense_text(dense: DenseStart | None, versions: int) -> str:
-    n = 0 if dense is None else min(dense.versions, versions)
+    n = 0 if dense is None else dense.within(versions)
     return f"; every coordinate of every gradient for the first {n}" if n else ""
