@@ -116,13 +116,11 @@ def demo_spec(config: DemoConfig) -> dict:
 
 def spec_compression(config: DemoConfig):
     """The `CompressionConfig` the demo's run will have, as `create-run` builds the spec: the spec's
-    default where the overrides have no compression table, else that table over `CompressionConfig`'s
-    own defaults (a table replaces the spec's default whole, density included)."""
-    from krill.protocol.spec import RunSpec
+    compression table, if any, read over the run default (`krill.protocol.spec.over_run_default`)."""
+    from krill.protocol.spec import over_run_default
     from krill.rl.compression import CompressionConfig
 
-    table = demo_spec(config).get("compression")
-    return RunSpec.model_fields["compression"].default_factory() if table is None else CompressionConfig(**table)
+    return CompressionConfig(**over_run_default("compression", demo_spec(config).get("compression")))
 
 
 def role_settings(config: DemoConfig, role: str) -> dict:

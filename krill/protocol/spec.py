@@ -9,6 +9,11 @@ Design decisions:
   lives in one place. On-chain parameters (quorum, slash fraction, check probability, challenge
   window, reward per version) live in `chain` and are checked against the contract's run record.
 - Floats in the spec are fine: nobody re-encodes the spec, everyone hashes the stored bytes.
+- Two parts have run defaults that differ from their config class's own (`compression`: 25% int8
+  against `CompressionConfig`'s 10%; `optimizer`: lr 1.5e-4 against `AdamWConfig`'s 1e-4). A
+  partial table for one of them is read over the run default, field by field, so a spec file
+  that names only `[compression] dense_versions` keeps the run's 25% mask instead of silently
+  taking the class's 10%. A published spec names every field, so its meaning does not change.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import hashlib
 import json
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from krill.errors import PayloadError
 from krill.payload.limits import PayloadLimits
@@ -28,6 +33,14 @@ from krill.rl.optimizer import AdamWConfig
 from krill.rl.staleness import StalenessConfig
 
 SPEC_FORMAT = "krill-run-spec/1"
+# The parts whose run default is not their config class's default (see the module docstring).
+RUN_DEFAULTS: dict[str, BaseModel] = {"compression": CompressionConfig(density=0.25, dtype="int8"),
+                                      "optimizer": AdamWConfig(lr=1.5e-4)}
+
+
+def over_run_default(key: str, table: dict | None) -> dict:
+    """The fields of part `key` (a `RUN_DEFAULTS` key) that a spec table gives: the run default's, then the table's."""
+    return {**RUN_DEFAULTS[key].model_dump(), **(table or {})}
 MAX_SPEC_BYTES = 64 * 1024
 TOKEN = 10**18
 
@@ -100,15 +113,25 @@ class RunSpec(_Part):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     version: VersionSpec = Field(default_factory=VersionSpec)
     loss: LossConfig = Field(default_factory=LossConfig)
-    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
+    compression: CompressionConfig = Field(default_factory=lambda: RUN_DEFAULTS["compression"])
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
-    optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4))
+    optimizer: AdamWConfig = Field(default_factory=lambda: RUN_DEFAULTS["optimizer"])
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     trust: TrustSpec = Field(default_factory=TrustSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
     chain: ChainSpec = Field(default_factory=ChainSpec)
     limits: PayloadLimits
     eval_n: int = Field(500, ge=1, le=100_000, description="Held-out prompts per evaluation.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_tables_over_run_defaults(cls, data):
+        """A `compression` or `optimizer` table that names some fields keeps the run default's others."""
+        if isinstance(data, dict):
+            for key in RUN_DEFAULTS:
+                if isinstance(data.get(key), dict):
+                    data = {**data, key: over_run_default(key, data[key])}
+        return data
 
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()

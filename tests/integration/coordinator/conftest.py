@@ -161,7 +161,7 @@ SMALL_SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4},
               "version": {"contributions": 2, "deadline_s": 600.0}, "chain": {"max_staleness": 0},
               "eval_n": 16,
               # version 0 dense, the versions after sparse: both kinds of mask go through the protocol
-              "compression": {"density": 0.25, "dtype": "int8", "dense_versions": 1}}
+              "compression": {"dense_versions": 1}}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from krill.db.models import Contribution, ContributionStatus
 
 SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4},
         "version": {"contributions": 3, "deadline_s": 600.0}, "chain": {"max_staleness": 1}, "eval_n": 8,
-        "compression": {"density": 0.25, "dtype": "int8", "dense_versions": 1}}
+        "compression": {"dense_versions": 1}}
 
 
 def _populate(env) -> list[int]:

@@ -43,15 +43,15 @@ def test_a_dense_start_adds_each_workers_unsent_coordinates_for_its_versions(tmp
     assert disk.estimated_bytes(model, 10, 10, dense) - disk.estimated_bytes(model, 10, 10) == pytest.approx(
         1.05 * 10 * 3000, abs=1)
     assert disk.estimated_bytes(model, 400, 10, disk.DenseStart(0, 0.25, 1, 4)) == sparse
-    # the demo reads its run's compression as create-run will build it: the spec's default without a
-    # compression table; a table replaces it whole (CompressionConfig's own density, 0.1, where it names none)
+    # the demo reads its run's compression as create-run will build it: the run default (25% int8), and a
+    # compression table over it field by field (its density stays 0.25 where the table names none)
     default = spec_compression(DemoConfig())
     assert (default.density, default.dtype, default.dense_versions) == (0.25, "int8", 0)
     assert default == _created_spec(DemoConfig()).compression
     demo = DemoConfig(spec_overrides={"compression": {"dense_versions": 15, "dtype": "fp16"}})
     overridden = spec_compression(demo)
     assert overridden == _created_spec(demo).compression
-    assert disk.DenseStart.of(overridden, 4) == disk.DenseStart(15, 0.1, 2, 4)
+    assert disk.DenseStart.of(overridden, 4) == disk.DenseStart(15, 0.25, 2, 4)
 
 
 def _created_spec(config):

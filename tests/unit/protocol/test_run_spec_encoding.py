@@ -27,3 +27,18 @@ def test_a_sparse_start_is_left_out_so_earlier_specs_keep_their_bytes_and_run_id
     for spec in (sparse, dense):
         loaded = load_spec(store, publish_spec(store, spec))
         assert loaded == spec and loaded.encode() == spec.encode()
+
+
+def test_a_partial_compression_or_optimizer_table_keeps_the_run_defaults_it_does_not_name():
+    data = {"name": "enc", "base_manifest_cid": CID, "limits": PayloadLimits(vocab_size=16).model_dump()}
+    plain = RunSpec.model_validate(data)
+    partial = RunSpec.model_validate({**data, "compression": {"dense_versions": 15}, "optimizer": {"weight_decay": 0.01}})
+    # the run defaults (25% int8, lr 1.5e-4), not CompressionConfig's 10% and AdamWConfig's 1e-4
+    assert (partial.compression.density, partial.compression.dtype, partial.compression.dense_versions) == (0.25, "int8", 15)
+    assert (partial.optimizer.lr, partial.optimizer.weight_decay) == (1.5e-4, 0.01)
+    assert partial.compression.model_copy(update={"dense_versions": 0}) == plain.compression
+    # a table naming every field means what it says, and a spec read back from its bytes is the same spec
+    named = RunSpec.model_validate({**data, "compression": {"density": 0.1, "dtype": "fp16"}})
+    assert (named.compression.density, named.compression.dtype) == (0.1, "fp16")
+    assert RunSpec.model_validate(json.loads(partial.encode())) == partial
+    assert RunSpec.model_validate(json.loads(plain.encode())).encode() == plain.encode()
