@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -59,6 +60,7 @@ DEMO_POLL_S = {"coordinator": 0.1, "worker": 0.1, "verifier": 0.5}
 # With fresh gradients a version waits for every honest worker's commit; if one never comes (a
 # worker stopped, a commit rejected), the version closes this long after its parent instead.
 FRESH_DEADLINE_S = 10.0
+FIRST_VERSION_WAIT_S = 900.0  # with `budget_from="first_version"`: how long the roles may take to publish version 1
 
 
 class DemoConfig(BaseModel):
@@ -72,6 +74,10 @@ class DemoConfig(BaseModel):
                                description="Strategies of the adversaries, in turn (see `krill worker run --behavior`).")
     verifiers: int = Field(2, ge=1, le=8, description="Verifier processes.")
     minutes: float = Field(12.0, gt=0, le=600, description="Training time budget (after set-up).")
+    budget_from: Literal["launch", "first_version"] = Field("launch", description=(
+        "When the training budget starts: at the launch of the role processes, or once version 1 is "
+        "published (`krill bench scale`: 32 workers starting on 2 cores take about 80 s to import torch "
+        "and transformers, which would leave little of a 90-s budget to measure)."))
     versions: int = Field(400, ge=1, description="Version budget: the coordinator stops after this version.")
     shards: int = Field(2, ge=1, le=16, description="Model shards.")
     eval_every: int = Field(10, ge=1, description="Coordinator evaluates every this many versions.")
@@ -258,10 +264,15 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
                 args += ["--behavior", run.behaviors[address]]
             procs.krill(name, args)
         train_started = time.monotonic()
-        deadline = train_started + 60 * config.minutes
+        deadline = train_started + 60 * config.minutes if config.budget_from == "launch" else None
         watcher = ProgressWatcher(db_url, run.run_id, echo)
-        while time.monotonic() < deadline and coordinator.running():
+        while (deadline is None or time.monotonic() < deadline) and coordinator.running():
             watcher.poll()
+            if deadline is None and watcher.shown >= 1:
+                deadline = time.monotonic() + 60 * config.minutes
+            elif deadline is None and time.monotonic() - train_started > FIRST_VERSION_WAIT_S:
+                raise KrillError(f"no version published within {FIRST_VERSION_WAIT_S:.0f} s of starting the roles:\n"
+                                 f"{coordinator.tail()}")
             # An adversary stops once jailed (that is the protocol working); anyone else stopping is a fault.
             adversaries = {run.names[a] for a, b in run.behaviors.items() if b != "honest"}
             dead = [c for c in procs.children if c.name.split("-")[0] in ("worker", "verifier")

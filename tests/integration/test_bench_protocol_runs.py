@@ -67,6 +67,8 @@ def test_scale_tiny_measures_throughput_lag_and_memory(tmp_path):
     (point,) = data["points"]
     assert point["workers"] == 2 and point["accepted"] >= 1 and point["accepted_per_s"] > 0
     assert point["coordinator_wall_s_per_version"] > 0 and point["index_lag_s_median"] is not None
+    # the 45-s budget starts once version 1 is out, so the roles' start-up (about 10 s here) is not in it
+    assert point["commit_window_s"] >= 40, point
     memory = point["memory_mib"]
     assert memory["worker"]["processes"] == 2 and memory["coordinator"]["max_mib"] > 50
     assert memory["verifier"]["max_mib"] > 50
