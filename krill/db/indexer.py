@@ -58,7 +58,7 @@ from krill.chain.events import ChainEvent, decode_log
 from krill.chain.rpc import endpoint_of, with_retries
 from krill.db.content import HEADER_LIMITS, CommitFacts, Fetched, fetch_header, fetch_manifest
 from krill.db.errors import IndexMismatchError
-from krill.db.ingest import DEFAULT_TRUST_PRIOR, TrustPrior, apply_event
+from krill.db.ingest import DEFAULT_TRUST_PRIOR, TrustPrior, apply_event, known_events
 from krill.db.models import INDEX_TABLES, Commit, FetchStatus, Header, IndexMeta, Shard, Version
 from krill.db.session import Database
 from krill.db.types import address
@@ -251,7 +251,8 @@ class Indexer:
             if meta.next_block != start:
                 self._cursor = meta.next_block
                 return False
-            applied = sum(apply_event(session, event, times[event.block_number], self.trust_prior)
+            known = known_events(session, events)
+            applied = sum(apply_event(session, event, times[event.block_number], self.trust_prior, known)
                           for event in events)
             meta.next_block = end + 1
         self._cursor = end + 1

@@ -6,7 +6,10 @@ Design decisions:
   first then unbonding, pool changes), so the index agrees with the contract's views without
   calling them. A test compares the two.
 - Every event is first recorded in `chain_events` under (tx hash, log index); an event already
-  there is skipped whole, so applying a batch twice changes nothing.
+  there is skipped whole, so applying a batch twice changes nothing. A batch looks its keys up in
+  one query (`known_events`) rather than one per event: each lookup by key flushed the rows the
+  events before it had added, which was 12% of the coordinator's CPU with 8 workers (py-spy,
+  2026-12-06).
 - Events whose effect is only administrative (minimum stakes, roles) are kept in `chain_events`
   and change no other table.
 - A commit records the worker's staked Ed25519 key as of the commit, so checking the header
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from krill.chain import events as ev
@@ -38,6 +42,8 @@ from krill.db.models import (
 )
 from krill.db.types import address, hex32, tx_hash
 from krill.store.cid import digest_to_cid
+
+KNOWN_CHUNK = 500  # transaction hashes per `known_events` query (well under SQLite's variable limit)
 
 _JS_SAFE = 2**53 - 1
 
@@ -240,11 +246,33 @@ def _keys(event: ev.ChainEvent) -> tuple[str | None, int | None, str | None]:
             None if account is None else address(account))
 
 
-def apply_event(s: Session, event: ev.ChainEvent, block_time: int, prior: TrustPrior) -> bool:
-    """Record `event` and apply it to the index; False if it was already there (nothing changed)."""
+def known_events(s: Session, events: list[ev.ChainEvent]) -> set[tuple[str, int]]:
+    """The (tx hash, log index) keys of `events` that `chain_events` already holds: one query per
+    `KNOWN_CHUNK` transactions, for `apply_event(..., known=)`."""
+    hashes = sorted({tx_hash(e.transaction_hash) for e in events})
+    known: set[tuple[str, int]] = set()
+    for i in range(0, len(hashes), KNOWN_CHUNK):
+        query = select(ChainEventRow.tx_hash, ChainEventRow.log_index).where(
+            ChainEventRow.tx_hash.in_(hashes[i:i + KNOWN_CHUNK]))
+        known.update((h, int(n)) for h, n in s.execute(query))
+    return known
+
+
+def apply_event(s: Session, event: ev.ChainEvent, block_time: int, prior: TrustPrior,
+                known: set[tuple[str, int]] | None = None) -> bool:
+    """Record `event` and apply it to the index; False if it was already there (nothing changed).
+
+    `known`: the keys already recorded (`known_events`, taken once for a batch; the event's key is
+    added to it). Without it the event's row is looked up, which flushes the rows the batch's
+    earlier events added: one flush and one query per event."""
     key = (tx_hash(event.transaction_hash), event.log_index)
-    if s.get(ChainEventRow, key) is not None:
+    if known is None:
+        if s.get(ChainEventRow, key) is not None:
+            return False
+    elif key in known:
         return False
+    else:
+        known.add(key)
     run_id, commit_id, account = _keys(event)
     s.add(ChainEventRow(tx_hash=key[0], log_index=key[1], block_number=event.block_number, block_time=block_time,
                         kind=type(event).__name__, run_id=run_id, commit_id=commit_id, account=account,

@@ -60,6 +60,29 @@ def test_sync_twice_or_replayed_changes_nothing(db, played):
     assert after == first
 
 
+def test_a_batch_looks_its_events_up_once_and_applies_a_repeated_event_once(db, played, tmp_path):
+    sc, store = played
+    ix = indexer(sc, db, store)
+    ix.sync()
+    first = rows(db)
+    events, _, _ = ix._logs(sc.deployment.block_number, sc.w3.eth.block_number)
+    assert len(events) > 20
+    with db.write() as s:
+        known = ingest.known_events(s, events)
+        assert len(known) == len(events)  # every event of the chain is already recorded
+        assert not any(ingest.apply_event(s, e, 0, ix.trust_prior, known) for e in events)
+    fresh = open_database(f"sqlite:///{tmp_path / 'again.db'}")
+    try:  # a new index: each event applies once though the batch names some twice
+        with fresh.write() as s:
+            known = ingest.known_events(s, events)
+            assert known == set()
+            applied = [ingest.apply_event(s, e, 0, ix.trust_prior, known) for e in events + events[:5]]
+        assert sum(applied) == len(events) and not any(applied[len(events):])
+    finally:
+        fresh.close()
+    assert rows(db) == first
+
+
 def test_rebuild_gives_the_rows_of_an_incremental_index(db, played):
     sc, store = played
     head = sc.w3.eth.block_number
@@ -86,11 +109,11 @@ def test_resumes_from_its_cursor_after_a_crash(db_url, played, monkeypatch):
     applied = {"n": 0}
     real_apply = ingest.apply_event
 
-    def crash_after_20(session, event, block_time, prior):
+    def crash_after_20(session, event, block_time, prior, known=None):
         applied["n"] += 1
         if applied["n"] > 20:
             raise KeyboardInterrupt("simulated crash")
-        return real_apply(session, event, block_time, prior)
+        return real_apply(session, event, block_time, prior, known)
 
     db = open_database(db_url)
     monkeypatch.setattr("krill.db.indexer.apply_event", crash_after_20)
