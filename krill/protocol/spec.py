@@ -33,6 +33,8 @@ from krill.rl.optimizer import AdamWConfig
 from krill.rl.staleness import StalenessConfig
 
 SPEC_FORMAT = "krill-run-spec/1"
+MAX_SPEC_BYTES = 64 * 1024
+TOKEN = 10**18
 # The parts whose run default is not their config class's default (see the module docstring).
 RUN_DEFAULTS: dict[str, BaseModel] = {"compression": CompressionConfig(density=0.25, dtype="int8"),
                                       "optimizer": AdamWConfig(lr=1.5e-4)}
@@ -41,8 +43,6 @@ RUN_DEFAULTS: dict[str, BaseModel] = {"compression": CompressionConfig(density=0
 def over_run_default(key: str, table: dict | None) -> dict:
     """The fields of part `key` (a `RUN_DEFAULTS` key) that a spec table gives: the run default's, then the table's."""
     return {**RUN_DEFAULTS[key].model_dump(), **(table or {})}
-MAX_SPEC_BYTES = 64 * 1024
-TOKEN = 10**18
 
 
 class _Part(BaseModel):
