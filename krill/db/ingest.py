@@ -248,7 +248,7 @@ def _keys(event: ev.ChainEvent) -> tuple[str | None, int | None, str | None]:
 
 def known_events(s: Session, events: list[ev.ChainEvent]) -> set[tuple[str, int]]:
     """The (tx hash, log index) keys of `events` that `chain_events` already holds: one query per
-    `KNOWN_CHUNK` transactions, for `apply_event(..., known=)`."""
+    `KNOWN_CHUNK` transactions, for `apply_event`."""
     hashes = sorted({tx_hash(e.transaction_hash) for e in events})
     known: set[tuple[str, int]] = set()
     for i in range(0, len(hashes), KNOWN_CHUNK):
@@ -259,20 +259,15 @@ def known_events(s: Session, events: list[ev.ChainEvent]) -> set[tuple[str, int]
 
 
 def apply_event(s: Session, event: ev.ChainEvent, block_time: int, prior: TrustPrior,
-                known: set[tuple[str, int]] | None = None) -> bool:
+                known: set[tuple[str, int]]) -> bool:
     """Record `event` and apply it to the index; False if it was already there (nothing changed).
 
-    `known`: the keys already recorded (`known_events`, taken once for a batch; the event's key is
-    added to it). Without it the event's row is looked up, which flushes the rows the batch's
-    earlier events added: one flush and one query per event."""
+    `known`: the keys already recorded, taken once for the batch (`known_events`); the event's key
+    is added to it, so an event named twice in a batch applies once."""
     key = (tx_hash(event.transaction_hash), event.log_index)
-    if known is None:
-        if s.get(ChainEventRow, key) is not None:
-            return False
-    elif key in known:
+    if key in known:
         return False
-    else:
-        known.add(key)
+    known.add(key)
     run_id, commit_id, account = _keys(event)
     s.add(ChainEventRow(tx_hash=key[0], log_index=key[1], block_number=event.block_number, block_time=block_time,
                         kind=type(event).__name__, run_id=run_id, commit_id=commit_id, account=account,

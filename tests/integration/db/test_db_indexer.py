@@ -109,7 +109,7 @@ def test_resumes_from_its_cursor_after_a_crash(db_url, played, monkeypatch):
     applied = {"n": 0}
     real_apply = ingest.apply_event
 
-    def crash_after_20(session, event, block_time, prior, known=None):
+    def crash_after_20(session, event, block_time, prior, known):
         applied["n"] += 1
         if applied["n"] > 20:
             raise KeyboardInterrupt("simulated crash")
