@@ -114,12 +114,14 @@ def check_space(workdir: Path, model_dir: Path, versions: int, optimizer_state_e
             hint = (f"; {len(earlier)} earlier demo(s) under {earlier[0][0].parent} take "
                     f"{gigabytes(sum(b for _, b in earlier))}: " + ", ".join(f"{d.name} {gigabytes(b)}" for d, b in earlier))
         raise ConfigError(f"krill demo needs about {gigabytes(need)} in {workdir} ({versions} versions of a "
-                          f"{weight_bytes(model_dir) / 1e6:.1f} MB model: the store keeps each version's weights, and "
-                          f"the AdamW states every {optimizer_state_every} versions{_dense_text(dense, versions)}) and {probe} has {gigabytes(free)} free; pass a smaller --versions, another "
+                          f"{weight_bytes(model_dir) / 1e6:.1f} MB model: the store keeps "
+                          f"{store_contents(optimizer_state_every, dense, versions)}) and {probe} has {gigabytes(free)} free; pass a smaller --versions, another "
                           f"--workdir, or free space{hint}")
     return need
 
 
-def _dense_text(dense: DenseStart | None, versions: int) -> str:
+def store_contents(optimizer_state_every: int, dense: DenseStart | None, versions: int) -> str:
+    """What the estimate counts, in words: the printed estimate and the refusal both say it."""
     n = 0 if dense is None else dense.within(versions)
-    return f"; every coordinate of every gradient for the first {n}" if n else ""
+    text = f"each version's weights, and the AdamW states every {optimizer_state_every} versions"
+    return text + (f"; every coordinate of every gradient for the first {n}" if n else "")

@@ -175,7 +175,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     from krill.chain.devnet import provision
     from krill.chain.rpc import dev_accounts
     from krill.config import CoordinatorConfig
-    from krill.demo.disk import DenseStart, check_space, gigabytes
+    from krill.demo.disk import DenseStart, check_space, gigabytes, store_contents
     from krill.demo.processes import ProcessGroup
     from krill.keystore import KdfCost, create_keystore
     from krill.model.base import ensure_base_model
@@ -196,10 +196,10 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
             f"  warm start step {step}: loss {loss:.3f}, held-out accuracy {acc:.3f}"))
 
     every = CoordinatorConfig.model_fields["optimizer_state_every"].default  # the demo coordinator's
-    need = check_space(workdir, Path(model_dir), config.versions, every, earlier,
-                       DenseStart.of(spec_compression(config), config.workers))
-    echo(f"the store will take up to about {gigabytes(need)} in {workdir} (every version's weights; the AdamW "
-         f"states every {every} versions)")
+    dense = DenseStart.of(spec_compression(config), config.workers)
+    need = check_space(workdir, Path(model_dir), config.versions, every, earlier, dense)
+    echo(f"the store will take up to about {gigabytes(need)} in {workdir} "
+         f"({store_contents(every, dense, config.versions)})")
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers
     with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log", accounts=max(20, n)) as node, \
             ProcessGroup(workdir / "logs", env) as procs:

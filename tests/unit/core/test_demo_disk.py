@@ -86,6 +86,10 @@ def test_a_demo_that_would_fill_the_disk_stops_naming_the_figures_and_earlier_de
     assert disk.check_space(current, model, 20, 10, earlier) == disk.estimated_bytes(model, 20, 10)  # 20 versions fit
     with pytest.raises(ConfigError, match="every coordinate of every gradient for the first 20"):
         disk.check_space(current, model, 300, 10, earlier, disk.DenseStart(20, 0.25, 1, 4))
+    # the demo's printed estimate says the same as the refusal, dense start included only when there is one
+    assert disk.store_contents(10, disk.DenseStart(20, 0.25, 1, 4), 12).endswith("gradient for the first 12")
+    assert disk.store_contents(10, disk.DenseStart(0, 0.25, 1, 4), 12) == disk.store_contents(10, None, 12) == (
+        "each version's weights, and the AdamW states every 10 versions")
 
 
 def test_tree_bytes_counts_regular_files_and_a_missing_tree_is_empty(tmp_path):
