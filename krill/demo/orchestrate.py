@@ -122,9 +122,9 @@ def demo_spec(config: DemoConfig) -> dict:
 
 def spec_compression(config: DemoConfig):
     """The `CompressionConfig` the demo's run will have, as `create-run` builds the spec: the spec's
-    compression table, if any, read over the run default (`krill.protocol.spec.over_run_default`)."""
-    from krill.protocol.spec import over_run_default
+    compression table, if any, read over the run default (`krill.rl.run_defaults.over_run_default`)."""
     from krill.rl.compression import CompressionConfig
+    from krill.rl.run_defaults import over_run_default
 
     return CompressionConfig(**over_run_default("compression", demo_spec(config).get("compression")))
 

@@ -9,11 +9,11 @@ Design decisions:
   lives in one place. On-chain parameters (quorum, slash fraction, check probability, challenge
   window, reward per version) live in `chain` and are checked against the contract's run record.
 - Floats in the spec are fine: nobody re-encodes the spec, everyone hashes the stored bytes.
-- Two parts have run defaults that differ from their config class's own (`compression`: 25% int8
-  against `CompressionConfig`'s 10%; `optimizer`: lr 1.5e-4 against `AdamWConfig`'s 1e-4). A
-  partial table for one of them is read over the run default, field by field, so a spec file
-  that names only `[compression] dense_versions` keeps the run's 25% mask instead of silently
-  taking the class's 10%. A published spec names every field, so its meaning does not change.
+- Two parts have run defaults that differ from their config class's own
+  (`krill.rl.run_defaults`: `compression` 25% int8, `optimizer` lr 1.5e-4). A partial table for
+  one of them is read over the run default, field by field, so a spec file that names only
+  `[compression] dense_versions` keeps the run's 25% mask instead of silently taking the class's
+  10%. A published spec names every field, so its meaning does not change.
 """
 
 from __future__ import annotations
@@ -30,19 +30,12 @@ from krill.rl.aggregate import AggregationRule, ClipMixTrimRule
 from krill.rl.compression import CompressionConfig
 from krill.rl.loss import LossConfig
 from krill.rl.optimizer import AdamWConfig
+from krill.rl.run_defaults import RUN_DEFAULTS, over_run_default
 from krill.rl.staleness import StalenessConfig
 
 SPEC_FORMAT = "krill-run-spec/1"
 MAX_SPEC_BYTES = 64 * 1024
 TOKEN = 10**18
-# The parts whose run default is not their config class's default (see the module docstring).
-RUN_DEFAULTS: dict[str, BaseModel] = {"compression": CompressionConfig(density=0.25, dtype="int8"),
-                                      "optimizer": AdamWConfig(lr=1.5e-4)}
-
-
-def over_run_default(key: str, table: dict | None) -> dict:
-    """The fields of part `key` (a `RUN_DEFAULTS` key) that a spec table gives: the run default's, then the table's."""
-    return {**RUN_DEFAULTS[key].model_dump(), **(table or {})}
 
 
 class _Part(BaseModel):

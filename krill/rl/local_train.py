@@ -55,6 +55,7 @@ from krill.rl.engine.base import Rollouts, SamplingParams
 from krill.rl.engine.hf import HFEngine
 from krill.rl.loss import LossConfig
 from krill.rl.optimizer import AdamWConfig, ShardAdamW
+from krill.rl.run_defaults import RUN_DEFAULTS
 from krill.rl.staleness import StalenessConfig, staleness_weight
 
 
@@ -77,8 +78,8 @@ class LocalTrainConfig(BaseModel):
     eval_every: int = Field(20, ge=1, description="Evaluate every this many versions (and at the end).")
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
-    optimizer: AdamWConfig = Field(default_factory=lambda: AdamWConfig(lr=1.5e-4, max_grad_norm=1.0))
-    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig(density=0.25, dtype="int8"))
+    optimizer: AdamWConfig = Field(default_factory=lambda: RUN_DEFAULTS["optimizer"])
+    compression: CompressionConfig = Field(default_factory=lambda: RUN_DEFAULTS["compression"])
     rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
     stale_gradients: bool = Field(False, description="Apply each version's contributions one version later "
                                                      "(gradients one version stale, as a pipelined protocol run).")

@@ -42,3 +42,14 @@ def test_a_partial_compression_or_optimizer_table_keeps_the_run_defaults_it_does
     assert (named.compression.density, named.compression.dtype) == (0.1, "fp16")
     assert RunSpec.model_validate(json.loads(partial.encode())) == partial
     assert RunSpec.model_validate(json.loads(plain.encode())).encode() == plain.encode()
+    # `krill train local` starts from the same run defaults, so its runs compare with a protocol run's
+    from krill.rl.local_train import LocalTrainConfig
+
+    local = LocalTrainConfig()
+    assert (local.compression, local.optimizer) == (plain.compression, plain.optimizer)
+    # and so does its command line, whose defaults are written out to keep `krill --help` free of torch
+    from krill.commands.train_cmd import local as local_command
+
+    defaults = {p.name: p.default for p in local_command.params}
+    assert (defaults["lr"], defaults["density"], defaults["value_dtype"], defaults["dense_versions"]) == (
+        plain.optimizer.lr, plain.compression.density, plain.compression.dtype, plain.compression.dense_versions)
