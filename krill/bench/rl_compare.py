@@ -179,6 +179,23 @@ def time_to(curve: list[list[float]], target: float) -> float | None:
     return next((t for _, t, _, acc in curve if acc >= target), None)
 
 
+def crossing_time(curve: list[list[float]], target: float) -> float | None:
+    """Training seconds at which the accuracy reached `target`, read between evaluations: linear
+    between the last evaluation below it and the first at or above it (that one's time where it is
+    the first evaluation; None: never). `time_to` reads the first evaluation at or above, so it lags
+    the crossing by up to one evaluation interval, and the two sides' intervals differ (TRL's every
+    few seconds of training, a demo's every few versions); this estimate takes that lag out of both."""
+    before = None
+    for _, seconds, _, acc in curve:
+        if acc >= target:
+            if before is None:
+                return seconds
+            t0, a0 = before
+            return t0 + (seconds - t0) * (target - a0) / (acc - a0)
+        before = (seconds, acc)
+    return None
+
+
 def steps_to(curve: list[list[float]], target: float) -> int | None:
     """Optimizer steps at the first checkpoint at or above `target` (None: never)."""
     return next((int(step) for step, _, _, acc in curve if acc >= target), None)
@@ -194,6 +211,11 @@ def _times_to(curves: list[list[list[float]]], targets: tuple[float, ...]) -> tu
     than any that did) and how many got there, keyed by `str(target)`."""
     times = {str(t): [time_to(curve, t) for curve in curves] for t in targets}
     return ({k: _median(v) for k, v in times.items()}, {k: sum(x is not None for x in v) for k, v in times.items()})
+
+
+def _crossings(curves: list[list[list[float]]], targets: tuple[float, ...]) -> dict:
+    """Over `curves`: the median `crossing_time` of each target, counted like `_times_to`'s medians."""
+    return {str(t): _median([crossing_time(curve, t) for curve in curves]) for t in targets}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -215,6 +237,7 @@ def summarise(runs: list[dict], targets: tuple[float, ...]) -> dict:
             "final_accuracy": _median([r["final_accuracy"] for r in rs]),
             "base_accuracy": _median([r["base_accuracy"] for r in rs]),
             "time_to": medians,
+            "crossing": _crossings([r["curve"] for r in rs], targets),
             "steps_to": {str(t): _median([steps_to(r["curve"], t) for r in rs]) for t in targets},
             "reached": reached,
         }
@@ -225,6 +248,7 @@ def summarise(runs: list[dict], targets: tuple[float, ...]) -> dict:
             "steps_per_cpu_min": _ratio(k["steps_per_cpu_min"], t["steps_per_cpu_min"]),
             "final_accuracy": _ratio(k["final_accuracy"], t["final_accuracy"]),
             "time_to": {str(x): _ratio(k["time_to"][str(x)], t["time_to"][str(x)]) for x in targets},
+            "crossing": {str(x): _ratio(k["crossing"][str(x)], t["crossing"][str(x)]) for x in targets},
             "steps_to": {str(x): _ratio(k["steps_to"][str(x)], t["steps_to"][str(x)]) for x in targets},
         }
     return out
@@ -276,7 +300,8 @@ def protocol_times(db_path: Path, targets: tuple[float, ...]) -> dict:
             "setup_seconds": round(setup, 3), "eval_seconds": round(evaluating, 3), "curve": curve,
             "contributions_per_version": per_version, "prompts_per_contribution": prompts, "group_size": group,
             "seed": seed, "workers": _demo_workers(Path(db_path).parent / "summary.json"),
-            "time_to": {str(t): time_to(curve, t) for t in targets}}
+            "time_to": {str(t): time_to(curve, t) for t in targets},
+            "crossing": {str(t): crossing_time(curve, t) for t in targets}}
 
 
 def _demo_spec_settings(spec_file: Path) -> tuple[int | None, int | None, int | None]:
@@ -312,7 +337,8 @@ def protocol_summary(demos: list[dict], targets: tuple[float, ...]) -> dict:
     comparison with TRL's median over seeds takes the median over demos, counted like `summarise`'s
     (a demo that never got there is slower than any that did)."""
     medians, reached = _times_to([d["curve"] for d in demos], targets)
-    return {"demos": demos, "runs": len(demos), "time_to": medians, "reached": reached}
+    return {"demos": demos, "runs": len(demos), "time_to": medians, "reached": reached,
+            "crossing": _crossings([d["curve"] for d in demos], targets)}
 
 
 def trl_available() -> bool:

@@ -96,6 +96,13 @@ def markdown(r: dict) -> str:
                      + f" | {_num(ratio.get('time_to', {}).get(key), '{:.2f}')} |")
     for target in s["targets"]:
         key = str(target)
+        if "crossing" not in k:  # results written before the figure existed
+            break
+        kc, tc = k["crossing"][key], t["crossing"][key] if t else None
+        lines.append(f"| training seconds to {round(100 * target)}%, read between evaluations | {_num(kc, '{:.1f}')} | "
+                     f"{_num(tc, '{:.1f}')} | {_num(ratio.get('crossing', {}).get(key), '{:.2f}')} |")
+    for target in s["targets"]:
+        key = str(target)
         lines.append(f"| optimizer steps to {round(100 * target)}% | {_num(k['steps_to'][key])} | "
                      f"{_num(t['steps_to'][key] if t else None)} | "
                      f"{_num(ratio.get('steps_to', {}).get(key), '{:.2f}')} |")
@@ -154,6 +161,19 @@ def _protocol_md(r: dict) -> list[str]:
         ratio = None if seconds is None or not tt else seconds / tt
         lines.append(f"| {round(100 * float(key))}% | " + " | ".join(_num(d["time_to"][key]) for d in demos)
                      + f" | {_num(seconds)} | {_num(tt)} | {_num(ratio, '{:.2f}')} |")
+    if "crossing" not in p:  # results written before the figure existed
+        return lines + [""]
+    lines += ["", "Read between evaluations (linear between the last evaluation below the target and the first at "
+              "or above it, on both sides): the first-evaluation figures above lag the crossing by up to one "
+              "evaluation interval, a demo's every few versions (10 by default) and TRL's every few seconds of training.", "",
+              "| target | " + " | ".join(f"demo {i} s" for i in range(1, len(demos) + 1))
+              + " | protocol median s | TRL median s | protocol / TRL |",
+              "|---|" + "---:|" * (len(demos) + 3)]
+    for key, seconds in p["crossing"].items():
+        tt = trl.get("crossing", {}).get(key) if trl else None
+        ratio = None if seconds is None or not tt else seconds / tt
+        lines.append(f"| {round(100 * float(key))}% | " + " | ".join(_num(d["crossing"][key], "{:.1f}") for d in demos)
+                     + f" | {_num(seconds, '{:.1f}')} | {_num(tt, '{:.1f}')} | {_num(ratio, '{:.2f}')} |")
     return lines + [""]
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from krill.bench.rl_compare import protocol_times, summarise, time_to, trl_available
+from krill.bench.rl_compare import crossing_time, protocol_times, summarise, time_to, trl_available
 from krill.commands.bench_cmd import bench
 
 
@@ -19,6 +19,17 @@ def test_time_to_target_is_the_first_checkpoint_at_or_above_it():
     assert time_to(curve, 0.2) == 0.0
 
 
+def test_the_crossing_is_read_between_the_evaluations_around_it():
+    curve = [[0, 0.0, 0.0, 0.2], [10, 15.0, 14.0, 0.41], [20, 30.0, 29.0, 0.38], [30, 45.0, 44.0, 0.5]]
+    # 0.3 lies 10/21 of the way from 0.2 (0 s) to 0.41 (15 s); 0.45 between 0.38 (30 s) and 0.5 (45 s)
+    assert crossing_time(curve, 0.3) == pytest.approx(15.0 * 10 / 21)
+    assert crossing_time(curve, 0.45) == pytest.approx(30.0 + 15.0 * 0.07 / 0.12)
+    assert crossing_time(curve, 0.5) == 45.0 and crossing_time(curve, 0.6) is None
+    assert crossing_time(curve, 0.2) == 0.0 and crossing_time(curve[1:], 0.3) == 15.0  # the first evaluation
+    for target in (0.3, 0.4, 0.45, 0.5):  # never after the first evaluation at or above it
+        assert crossing_time(curve, target) <= time_to(curve, target)
+
+
 def test_medians_count_unreached_targets_as_slowest_and_ratios_divide_medians():
     krill = [_run("krill", 0, [[0, 0, 0, 0.2], [9, 20.0, 0, 0.5]], 30.0),
              _run("krill", 1, [[0, 0, 0, 0.2], [9, 40.0, 0, 0.5]], 40.0),
@@ -29,6 +40,10 @@ def test_medians_count_unreached_targets_as_slowest_and_ratios_divide_medians():
     assert out["krill"]["reached"] == {"0.5": 2, "0.9": 0}
     assert out["trl"]["time_to"]["0.5"] == 20.0
     assert out["krill_over_trl"]["time_to"] == {"0.5": 2.0, "0.9": None}
+    # read between evaluations: krill's three runs cross 0.5 at 20, 40 and never; TRL's at 10 x (s + 1) x 0.75
+    assert out["krill"]["crossing"] == {"0.5": 40.0, "0.9": None}
+    assert out["trl"]["crossing"]["0.5"] == pytest.approx(15.0)
+    assert out["krill_over_trl"]["crossing"]["0.5"] == pytest.approx(40.0 / 15.0)
     assert out["krill"]["steps_to"]["0.5"] == 9 and out["krill_over_trl"]["steps_to"]["0.5"] == 1.0
     assert out["krill_over_trl"]["steps_per_min"] == 0.4
     assert math.isclose(out["krill_over_trl"]["final_accuracy"], 0.5 / 0.6)
@@ -84,6 +99,8 @@ def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluat
     assert p["setup_seconds"] == 26.0 and p["eval_seconds"] == 0.75
     assert p["curve"] == [[0, 0.0, None, 0.2], [2, 2.0, None, 0.35], [4, 7.0, None, 0.45]]
     assert p["time_to"] == {"0.3": 2.0, "0.4": 7.0, "0.5": None}
+    assert p["crossing"]["0.3"] == pytest.approx(2.0 * 0.1 / 0.15) and p["crossing"]["0.5"] is None
+    assert p["crossing"]["0.4"] == pytest.approx(2.0 + 5.0 * 0.5)
     assert p["contributions_per_version"] == 1 and p["prompts_per_contribution"] is None  # no spec.toml beside it
     assert p["seed"] is None and p["workers"] is None
     (tmp_path / "spec.toml").write_text("[rollout]\nprompts_per_contribution = 16\n")
@@ -118,6 +135,11 @@ def test_several_demos_give_the_median_time_and_each_demos_row(tmp_path):
     assert f"- demo 1: {dbs[0]} (run seed 1, 3 honest worker(s), 0 attacking): 7 versions in 6 s" in seeded
     assert "| 30% | 2 | 4 | 1 | 2 | 4 | 0.50 |" in md and "| 40% | 6 | 5 | 3 | 5 | 4 | 1.25 |" in md
     assert "| 50% | - | - | - | - | 9 | - |" in md
+    # the crossings: each demo reaches 0.3 and 0.4 exactly at an evaluation, so they read as above
+    assert p["crossing"] == {"0.3": 2.0, "0.4": 5.0, "0.5": None}
+    assert "| 30% | 2.0 | 4.0 | 1.0 | 2.0 | - | - |" in md  # a TRL summary written before the figure existed
+    md = "\n".join(_protocol_md({"protocol": p, "summary": {"trl": {"time_to": {}, "crossing": {"0.3": 1.6}}}}))
+    assert "| 30% | 2.0 | 4.0 | 1.0 | 2.0 | 1.6 | 1.25 |" in md and "| 50% | - | - | - | - | - | - |" in md
 
 
 def test_tiny_size_writes_every_figure(tmp_path):
@@ -138,6 +160,7 @@ def test_tiny_size_writes_every_figure(tmp_path):
     assert (data["trl_note"] is None) == trl_available()
     md = (tmp_path / "rl-tiny.md").read_text()
     assert "Machine: " in md and "| optimizer steps per minute |" in md and "## Runs" in md
+    assert "| training seconds to 30%, read between evaluations |" in md
     assert (tmp_path / "rl-tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
