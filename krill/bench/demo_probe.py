@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 NAME = re.compile(r"/((?:coordinator|worker|verifier)(?:-\d+)?)\.toml$")
+TINY_SHAPE = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64}  # the tiny random model of `model_dir`
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -181,7 +182,7 @@ def model_dir(kind: str, root: Path) -> Path:
 
     directory = root / "tiny-model"
     if not directory.exists():
-        build_tiny_model(seed=1, spec=TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64), directory=directory)
+        build_tiny_model(seed=1, spec=TinyModelSpec(**TINY_SHAPE), directory=directory)
     return directory
 
 

@@ -16,6 +16,11 @@ Design decisions:
   depend on them, only on which rows are nonzero, and none are zero here).
 - Ratios follow the bench's convention: the verifier's time over the worker's production
   (generation + gradient; reward and packaging are a few ms and left out here).
+- By completion length (`by_completion_length`): the same four passes on a random model of the
+  model's shape, whose samples rarely end early, at several completion caps. The task's answers
+  are a few tokens; this shows whether longer generations (where generation is the larger part of
+  the worker's work) would bring the check under its target, and which of the verifier's two
+  passes keeps it above.
 """
 
 from __future__ import annotations
@@ -115,6 +120,84 @@ def measure(model_dir: Path, prompts: int = 16, group_size: int = 8, num_shards:
             "replay_pct": 100 * (ms.get("confirm_draws", ms["teacher_forced"]) + one_shard) / worker,
             "replay_one_group_pct": 100 * (ms["teacher_forced_one_group"] + ms["gradient_shard_0_one_group"]) / worker,
             "per_group_claims_gradient_x": ms["gradient_per_group_claims"] / ms["gradient_all_shards"]}
+
+
+def by_completion_length(spec, lengths: tuple[int, ...], prompts: int = 16, group_size: int = 8, num_shards: int = 2,
+                         task: str = "arithmetic", repeats: int = 4, seed: int = 0) -> list[dict]:
+    """Per completion cap in `lengths`: the worker's generation and gradient, and the verifier's
+    confirmation of the draws and one shard's gradient (the mean over shards), in median ms, on a
+    random model of `spec`'s shape (a `TinyModelSpec`) with room for the longest cap."""
+    from dataclasses import replace
+
+    from krill.model.build import build_tiny_model
+    from krill.model.shards import num_layers_of, plan_shards
+    from krill.model.tokenizer import build_char_tokenizer
+    from krill.rl.engine.base import SamplingParams
+    from krill.rl.engine.hf import HFEngine
+    from krill.rl.engine.replay import fast_path_available, replay_draws
+    from krill.rl.gradient import shard_gradients
+    from krill.rl.loss import LossConfig
+    from krill.rl.tasks import get_task
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tokenizer = build_char_tokenizer()
+        ids = [tokenizer(text)["input_ids"] for text, _ in get_task(task).prompts(list(range(prompts)), "train")]
+        model, tokenizer = build_tiny_model(seed, replace(spec, max_positions=max(map(len, ids)) + max(lengths)))
+        batch_prompts = [list(p) for p in ids for _ in range(group_size)]
+        engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, version=0)
+        names = [n for n, _ in model.named_parameters()]
+        every = dict(enumerate(plan_shards(names, num_layers_of(model.config.to_dict(), names), num_shards)))
+        loss, pad = LossConfig(), tokenizer.pad_token_id
+        rows = []
+        for length in lengths:
+            params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=length)
+            rollouts = engine.generate(batch_prompts, params, seed)
+            advantages = torch.randn(len(rollouts), generator=torch.Generator().manual_seed(seed))
+            ms = {"generate": _median_ms(lambda p=params: engine.generate(batch_prompts, p, seed), repeats),
+                  "gradient_all_shards": _median_ms(
+                      lambda r=rollouts, a=advantages: shard_gradients(model, r, a, every, loss, pad), repeats)}
+            if fast_path_available():
+                ms["confirm_draws"] = _median_ms(lambda r=rollouts, p=params: replay_draws(
+                    model, r, p, seed, engine.eos_id, engine.pad_id, 1e-4), repeats)
+            else:
+                ms["teacher_forced"] = _median_ms(lambda r=rollouts: engine.logprobs(r), repeats)
+            ms["gradient_one_shard"] = statistics.fmean(_median_ms(
+                lambda r=rollouts, a=advantages, k=k: shard_gradients(model, r, a, {k: every[k]}, loss, pad), repeats)
+                for k in every)
+            worker = ms["generate"] + ms["gradient_all_shards"]
+            resample = ms.get("confirm_draws", ms.get("teacher_forced"))
+            rows.append({"max_new_tokens": length, "completion_tokens": int(rollouts.num_completion_tokens),
+                         "sequences": len(rollouts), "ms": ms, "worker_ms": worker,
+                         "replay_pct": 100 * (resample + ms["gradient_one_shard"]) / worker,
+                         "resample_pct": 100 * resample / worker,
+                         "gradient_check_x": ms["gradient_one_shard"] / ms["gradient_all_shards"]})
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def length_markdown_lines(rows: list[dict], shape: str) -> list[str]:
+    """The by-completion-length table and its reading."""
+    lines = ["", f"## The floor by completion length (a random model of the {shape} shape, one thread)", "",
+             "| completion cap | completion tokens | worker: generation ms | worker: gradient ms | verifier: draws "
+             "confirmed ms | verifier: one shard's gradient ms | replay % of the worker | of which the draws % | "
+             "one shard's gradient / the worker's |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ms = r["ms"]
+        lines.append(f"| {r['max_new_tokens']} | {r['completion_tokens']} | {ms['generate']:.1f} | "
+                     f"{ms['gradient_all_shards']:.1f} | {ms.get('confirm_draws', ms.get('teacher_forced')):.1f} | "
+                     f"{ms['gradient_one_shard']:.1f} | {r['replay_pct']:.1f}% | {r['resample_pct']:.1f}% | "
+                     f"{r['gradient_check_x']:.2f}x |")
+    low = min(rows, key=lambda r: r["replay_pct"])
+    lines += ["", f"The lowest replay share here is {low['replay_pct']:.1f}% (cap {low['max_new_tokens']}). Recomputing "
+              f"one shard's gradient costs {min(r['gradient_check_x'] for r in rows):.2f}-"
+              f"{max(r['gradient_check_x'] for r in rows):.2f}x the worker's whole gradient pass (a shard low in the "
+              "model needs the whole backward pass, and every shard the whole forward pass), and confirming the "
+              f"draws alone is {min(r['resample_pct'] for r in rows):.1f}-{max(r['resample_pct'] for r in rows):.1f}% "
+              "of the worker's work."]
+    return lines
 
 
 def markdown_lines(floor: dict) -> list[str]:

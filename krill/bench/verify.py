@@ -22,6 +22,9 @@ Design decisions:
   worker's and the verifier's passes alone on one thread, and what checking one group of the
   batch would cost both sides, so the table can be read against what no protocol change to the
   checks' surroundings could remove.
+- The floor is also measured by completion length (`replay_floor.by_completion_length`, caps 4,
+  16 and 64 on a random model of the base model's shape): the task's answers are a few tokens,
+  and this shows whether the check would meet its target where generation is longer.
 - Sizes: `tiny` (CI smoke: a tiny random model, 2 workers, under a minute of training) and
   `default` (the default base model, 2 workers, 4 minutes).
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from krill.bench import replay_floor
 from krill.bench.demo_probe import (
+    TINY_SHAPE,
     DemoResult,
     evidence_rows,
     model_dir,
@@ -47,8 +51,9 @@ from krill.bench.report import fmt, machine_line, pyplot, save, started
 SIZES: dict[str, dict] = {
     "tiny": {"model": "tiny", "workers": 2, "minutes": 0.75,
              "spec": {"version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 20},
-             "floor": {"prompts": 4, "repeats": 2}},
-    "default": {"model": "base", "workers": 2, "minutes": 4.0, "spec": {}, "floor": {"prompts": 16, "repeats": 8}},
+             "floor": {"prompts": 4, "repeats": 2}, "lengths": {"lengths": (2, 4), "prompts": 2, "repeats": 1}},
+    "default": {"model": "base", "workers": 2, "minutes": 4.0, "spec": {}, "floor": {"prompts": 16, "repeats": 8},
+                "lengths": {"lengths": (4, 16, 64), "prompts": 16, "repeats": 4}},
 }
 STAGES = ("signature", "payload", "assignment", "rewards", "resample", "gradient")
 REPLAY = ("assignment", "rewards", "resample", "gradient")
@@ -131,6 +136,14 @@ def analyse(demo: DemoResult, check_probabilities: tuple[float, ...] = (0.1, 0.2
                      "wall_seconds": round(demo.seconds, 1)}}
 
 
+def _shape(kind: str):
+    """The `TinyModelSpec` of the bench's model: the base model's recipe, or the tiny random one's."""
+    from krill.model.base import BaseModelRecipe
+    from krill.model.build import TinyModelSpec
+
+    return BaseModelRecipe().spec if kind == "base" else TinyModelSpec(**TINY_SHAPE)
+
+
 def run_verify(size: str = "default", echo: Callable[[str], None] = print, keep: Path | None = None) -> dict:
     """Run the demo of `size` with a verifier checking every commit; compare costs per stage."""
     from krill.demo.orchestrate import DemoConfig
@@ -151,6 +164,8 @@ def run_verify(size: str = "default", echo: Callable[[str], None] = print, keep:
         result.update(analyse(demo))
         echo("verify: the floor of a replay, in process ...")
         result["floor"] = replay_floor.measure(model, num_shards=2, **s["floor"])
+        echo("verify: the floor by completion length, in process ...")
+        result["floor_by_length"] = replay_floor.by_completion_length(_shape(s["model"]), num_shards=2, **s["lengths"])
     result["settings"] = {**s, "model_dir": str(model) if s["model"] == "base" else "tiny random Llama (hidden 32)",
                           "shards": 2, "verifiers": 1, "check_probability": 1.0}
     result["seconds"] = round(time.perf_counter() - t0, 1)
@@ -192,6 +207,8 @@ def markdown(r: dict) -> str:
               f"Benchmark wall time: {r['seconds']:.0f} s."]
     if r.get("floor"):
         lines += replay_floor.markdown_lines(r["floor"])
+    if r.get("floor_by_length"):
+        lines += replay_floor.length_markdown_lines(r["floor_by_length"], f"{s['model']} model's")
     return "\n".join(lines) + "\n"
 
 

@@ -60,6 +60,8 @@ def test_verify_tiny_compares_every_check_stage_with_the_workers_cost(tmp_path):
     assert loads["loads"] >= 1 and loads["checks_that_loaded"] >= 1 and loads["median_ms"] > 0
     assert stages["replay checks"]["median_ms_without_model_load"] <= stages["replay checks"]["median_ms"]
     assert data["floor"]["replay_pct"] > 0 and data["floor"]["settings"]["num_shards"] == 2
+    assert [r["max_new_tokens"] for r in data["floor_by_length"]] == [2, 4]
+    assert all(r["replay_pct"] > 0 for r in data["floor_by_length"])
 
 
 def test_scale_tiny_measures_throughput_lag_and_memory(tmp_path):

@@ -31,3 +31,22 @@ def test_every_pass_is_measured_and_the_ratios_follow_from_them(tiny_model):
     text = "\n".join(markdown_lines(floor))
     assert "12 sequences = 3 prompts x 4" in text and "gradient of shard 1 alone" in text
     assert f"{floor['replay_pct']:.1f}%" in text
+
+
+def test_the_floor_by_completion_length_measures_each_cap_on_a_random_model_of_the_shape():
+    from krill.bench.replay_floor import by_completion_length, length_markdown_lines
+    from krill.model.build import TinyModelSpec
+
+    rows = by_completion_length(TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64), (2, 6), prompts=2,
+                                group_size=4, repeats=1)
+    assert [r["max_new_tokens"] for r in rows] == [2, 6] and all(r["sequences"] == 8 for r in rows)
+    # a random model rarely ends a sample early: the longer cap samples more tokens
+    assert rows[0]["completion_tokens"] <= 16 < rows[1]["completion_tokens"] <= 48
+    for r in rows:
+        ms = r["ms"]
+        resample = ms.get("confirm_draws", ms.get("teacher_forced"))
+        assert r["worker_ms"] == pytest.approx(ms["generate"] + ms["gradient_all_shards"])
+        assert r["replay_pct"] == pytest.approx(100 * (resample + ms["gradient_one_shard"]) / r["worker_ms"])
+        assert r["gradient_check_x"] == pytest.approx(ms["gradient_one_shard"] / ms["gradient_all_shards"])
+    text = "\n".join(length_markdown_lines(rows, "test"))
+    assert "random model of the test shape" in text and f"| 6 | {rows[1]['completion_tokens']} |" in text
