@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from krill.protocol.step import one_thread
+
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up
@@ -41,6 +43,14 @@ def _median_ms(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
+
+
+def _every_shard(model, num_shards: int) -> dict:
+    """Shard index -> its parameter names, as the run's plan splits `model`."""
+    from krill.model.shards import num_layers_of, plan_shards
+
+    names = [n for n, _ in model.named_parameters()]
+    return dict(enumerate(plan_shards(names, num_layers_of(model.config.to_dict(), names), num_shards)))
 
 
 def _rows(rollouts, rows: list[int]):
@@ -61,7 +71,6 @@ def measure(model_dir: Path, prompts: int = 16, group_size: int = 8, num_shards:
             repeats: int = 8, seed: int = 0) -> dict:
     """Median milliseconds of each pass, and the ratios they imply (see the module docstring)."""
     from krill.model.build import load_model
-    from krill.model.shards import num_layers_of, plan_shards
     from krill.rl.engine.base import SamplingParams
     from krill.rl.engine.hf import HFEngine
     from krill.rl.engine.replay import fast_path_available, replay_draws
@@ -70,9 +79,7 @@ def measure(model_dir: Path, prompts: int = 16, group_size: int = 8, num_shards:
     from krill.rl.loss import LossConfig
     from krill.rl.tasks import get_task
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         model, tokenizer = load_model(model_dir)
         the_task = get_task(task)
         ids = [tokenizer(text)["input_ids"] for text, _ in the_task.prompts(list(range(prompts)), "train")]
@@ -80,9 +87,7 @@ def measure(model_dir: Path, prompts: int = 16, group_size: int = 8, num_shards:
         engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, version=0)
         params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=the_task.max_new_tokens)
         rollouts = engine.generate(batch_prompts, params, seed)
-        names = [n for n, _ in model.named_parameters()]
-        plan = plan_shards(names, num_layers_of(model.config.to_dict(), names), num_shards)
-        every = dict(enumerate(plan))
+        every = _every_shard(model, num_shards)
         generator = torch.Generator().manual_seed(seed)
         advantages = torch.randn(len(rollouts), generator=generator)
         loss, pad = LossConfig(), tokenizer.pad_token_id
@@ -108,8 +113,6 @@ def measure(model_dir: Path, prompts: int = 16, group_size: int = 8, num_shards:
             lambda: shard_gradients(model, group, advantages[:group_size], {0: every[0]}, loss, pad), repeats)
         ms["gradient_per_group_claims"] = _median_ms(
             lambda: grouped_shard_gradients(model, groups, every, loss, pad), repeats)
-    finally:
-        torch.set_num_threads(threads)
     worker = ms["generate"] + ms["gradient_all_shards"]
     one_shard = statistics.fmean(ms[f"gradient_shard_{s}"] for s in every)
     return {"settings": {"prompts": prompts, "group_size": group_size, "num_shards": num_shards, "task": task,
@@ -130,7 +133,6 @@ def by_completion_length(spec, lengths: tuple[int, ...], prompts: int = 16, grou
     from dataclasses import replace
 
     from krill.model.build import build_tiny_model
-    from krill.model.shards import num_layers_of, plan_shards
     from krill.model.tokenizer import build_char_tokenizer
     from krill.rl.engine.base import SamplingParams
     from krill.rl.engine.hf import HFEngine
@@ -139,16 +141,13 @@ def by_completion_length(spec, lengths: tuple[int, ...], prompts: int = 16, grou
     from krill.rl.loss import LossConfig
     from krill.rl.tasks import get_task
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         tokenizer = build_char_tokenizer()
         ids = [tokenizer(text)["input_ids"] for text, _ in get_task(task).prompts(list(range(prompts)), "train")]
         model, tokenizer = build_tiny_model(seed, replace(spec, max_positions=max(map(len, ids)) + max(lengths)))
         batch_prompts = [list(p) for p in ids for _ in range(group_size)]
         engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, version=0)
-        names = [n for n, _ in model.named_parameters()]
-        every = dict(enumerate(plan_shards(names, num_layers_of(model.config.to_dict(), names), num_shards)))
+        every = _every_shard(model, num_shards)
         loss, pad = LossConfig(), tokenizer.pad_token_id
         rows = []
         for length in lengths:
@@ -173,8 +172,6 @@ def by_completion_length(spec, lengths: tuple[int, ...], prompts: int = 16, grou
                          "replay_pct": 100 * (resample + ms["gradient_one_shard"]) / worker,
                          "resample_pct": 100 * resample / worker,
                          "gradient_check_x": ms["gradient_one_shard"] / ms["gradient_all_shards"]})
-    finally:
-        torch.set_num_threads(threads)
     return rows
 
 

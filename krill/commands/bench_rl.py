@@ -152,29 +152,27 @@ def _protocol_md(r: dict) -> list[str]:
               "version 1's publication (version 1's seconds are mostly the workers' start-up, left out as TRL's "
               "set-up is), up to the first of its evaluations (500 held-out prompts, every few versions) at or "
               "above the target; the median over demos (a demo that never got there counts as slowest) against "
-              "TRL's median training time to the same target.", "",
-              "| target | " + " | ".join(f"demo {i} s" for i in range(1, len(demos) + 1))
-              + " | protocol median s | TRL median s | protocol / TRL |",
-              "|---|" + "---:|" * (len(demos) + 3)]
-    for key, seconds in p["time_to"].items():
-        tt = trl["time_to"].get(key) if trl else None
-        ratio = None if seconds is None or not tt else seconds / tt
-        lines.append(f"| {round(100 * float(key))}% | " + " | ".join(_num(d["time_to"][key]) for d in demos)
-                     + f" | {_num(seconds)} | {_num(tt)} | {_num(ratio, '{:.2f}')} |")
+              "TRL's median training time to the same target.", ""]
+    lines += _target_table(demos, p["time_to"], trl and trl["time_to"], "time_to", "{:.0f}")
     if "crossing" not in p:  # results written before the figure existed
         return lines + [""]
     lines += ["", "Read between evaluations (linear between the last evaluation below the target and the first at "
               "or above it, on both sides): the first-evaluation figures above lag the crossing by up to one "
-              "evaluation interval, a demo's every few versions (10 by default) and TRL's every few seconds of training.", "",
-              "| target | " + " | ".join(f"demo {i} s" for i in range(1, len(demos) + 1))
-              + " | protocol median s | TRL median s | protocol / TRL |",
-              "|---|" + "---:|" * (len(demos) + 3)]
-    for key, seconds in p["crossing"].items():
-        tt = trl.get("crossing", {}).get(key) if trl else None
-        ratio = None if seconds is None or not tt else seconds / tt
-        lines.append(f"| {round(100 * float(key))}% | " + " | ".join(_num(d["crossing"][key], "{:.1f}") for d in demos)
-                     + f" | {_num(seconds, '{:.1f}')} | {_num(tt, '{:.1f}')} | {_num(ratio, '{:.2f}')} |")
+              "evaluation interval, a demo's every few versions (10 by default) and TRL's every few seconds of training.", ""]
+    lines += _target_table(demos, p["crossing"], trl and trl.get("crossing", {}), "crossing", "{:.1f}")
     return lines + [""]
+
+
+def _target_table(demos: list[dict], medians: dict, trl_times: dict | None, key: str, fmt: str) -> list[str]:
+    """Seconds to each target per demo (`demo[key]`), their median and TRL's, and the ratio."""
+    lines = ["| target | " + " | ".join(f"demo {i} s" for i in range(1, len(demos) + 1))
+             + " | protocol median s | TRL median s | protocol / TRL |", "|---|" + "---:|" * (len(demos) + 3)]
+    for target, seconds in medians.items():
+        tt = trl_times.get(target) if trl_times else None
+        ratio = None if seconds is None or not tt else seconds / tt
+        lines.append(f"| {round(100 * float(target))}% | " + " | ".join(_num(d[key][target], fmt) for d in demos)
+                     + f" | {_num(seconds, fmt)} | {_num(tt, fmt)} | {_num(ratio, '{:.2f}')} |")
+    return lines
 
 
 def plot(r: dict, path: Path) -> Path:
