@@ -166,8 +166,8 @@ def run_verify(size: str = "default", echo: Callable[[str], None] = print, keep:
         result["floor"] = replay_floor.measure(model, num_shards=2, **s["floor"])
         echo("verify: the floor by completion length, in process ...")
         result["floor_by_length"] = replay_floor.by_completion_length(_shape(s["model"]), num_shards=2, **s["lengths"])
-    result["settings"] = {**s, "model_dir": str(model) if s["model"] == "base" else "tiny random Llama (hidden 32)",
-                          "shards": 2, "verifiers": 1, "check_probability": 1.0}
+    described = str(model) if s["model"] == "base" else f"tiny random Llama (hidden {TINY_SHAPE['hidden']})"
+    result["settings"] = {**s, "model_dir": described, "shards": 2, "verifiers": 1, "check_probability": 1.0}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     echo(f"verify: {result['joined']} checked contributions; replay checks {fmt(result['replay_pct'], 1)}% of the "
          f"worker's cost (target < {TARGET_REPLAY_PCT:g}%), all checks {fmt(result['all_pct'], 1)}%")
