@@ -136,7 +136,7 @@ def test_trimmed_mean_counted_path_agrees_with_the_sort_path(monkeypatch):
             assert torch.allclose(counted[0], other[0], atol=1e-12) and torch.allclose(counted[1], other[1], atol=1e-12)
 
 
-@pytest.mark.parametrize("n, levels", [(8, None), (8, (1.0, 0.5, 1 / 3)), (13, (1.0, 0.5, 1 / 3))])
+@pytest.mark.parametrize("n, levels", [(8, None), (8, (1.0, 0.5, 1 / 3)), (13, (1.0, 0.5, 1 / 3)), (20, None)])
 def test_trimmed_mean_gives_each_coordinate_the_same_bits_whatever_the_width(monkeypatch, n, levels):
     """A coordinate's result does not depend on where it sits in the tensor (vector body or tail)."""
     import krill.rl.aggregate as agg
@@ -151,6 +151,48 @@ def test_trimmed_mean_gives_each_coordinate_the_same_bits_whatever_the_width(mon
     for lo, hi in ((0, 3), (5, 17), (4090, 4099), (1000, 1031)):
         part, part_kept = agg.weighted_trimmed_mean(x[:, lo:hi].contiguous(), w, 0.2)
         assert torch.equal(part, whole[lo:hi]) and torch.equal(part_kept, kept[:, lo:hi])
+
+
+def _by_value(x, c):
+    """Submission indices in the order of their values at coordinate c, ties by index."""
+    return sorted(range(x.shape[0]), key=lambda i: (float(x[i, c]), i))
+
+
+def test_the_sort_paths_give_the_bits_of_a_per_coordinate_reference():
+    """Above 16 submissions the trimmed mean, and the median at any n, come from a sort: against
+    one Python loop per coordinate (running weight sums in sorted order, the mean summed in
+    submission order), equal to the last bit, ties and signed zeros included."""
+    import krill.rl.aggregate as agg
+
+    g = torch.Generator().manual_seed(13)
+    for n in (3, 17, 20, 33):
+        x = torch.randn(n, 40, generator=g, dtype=torch.float64)
+        x[:, :10] = torch.randint(-2, 3, (n, 10), generator=g).double()
+        x[: n // 2, 10] = -0.0
+        w = torch.rand(n, generator=g, dtype=torch.float64) + 0.1
+        total = float(w.sum())
+        cut = 0.2 * total
+        want_kept = torch.zeros(n, 40, dtype=torch.float64)
+        want_median = torch.zeros(40, dtype=torch.float64)
+        for c in range(40):
+            running = 0.0
+            median_found = False
+            for i in _by_value(x, c):
+                running += float(w[i])
+                lower = running - float(w[i])
+                want_kept[i, c] = max(min(lower + float(w[i]), total - cut) - max(lower, cut), 0.0)
+                if not median_found and running >= 0.5 * total:
+                    want_median[c], median_found = x[i, c], True
+        num = torch.zeros(40, dtype=torch.float64)
+        den = torch.zeros(40, dtype=torch.float64)
+        for i in range(n):
+            num += want_kept[i] * x[i]
+            den += want_kept[i]
+        want_mean = num / den
+        if n > agg._PAIRWISE_MAX:
+            mean, kept = agg.weighted_trimmed_mean(x, w, 0.2)
+            assert torch.equal(kept, want_kept) and torch.equal(mean, want_mean), n
+        assert torch.equal(agg.weighted_median(x, w), want_median), n
 
 
 def test_nearest_neighbour_mixing_shares_sums_without_changing_them():
