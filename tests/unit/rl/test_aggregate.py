@@ -196,15 +196,17 @@ def test_the_sort_paths_give_the_bits_of_a_per_coordinate_reference():
 
 
 def test_nearest_neighbour_mixing_shares_sums_without_changing_them():
-    """One sum per distinct neighbour set gives the bits of summing each row's neighbours from zero in index order."""
-    from krill.rl.aggregate import nearest_neighbour_mixing
+    """One sum per distinct neighbour set gives the bits of summing each row's neighbours from zero in
+    index order; the distances, each pair computed once, are the bits of the full `cdist`."""
+    from krill.rl.aggregate import _distances, nearest_neighbour_mixing
 
     g = torch.Generator().manual_seed(9)
-    for n, f in ((2, 1), (5, 1), (8, 1), (10, 3), (16, 3)):
+    for n, f in ((2, 1), (5, 1), (8, 1), (10, 3), (16, 3), (33, 6)):
         x = torch.randn(n, 257, generator=g, dtype=torch.float64)
         x[1] = x[0]  # equal rows: equal neighbour sets
         x[:, :4] = -0.0
         dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
+        assert torch.equal(_distances(x), dist)
         nearest = torch.sort(dist, dim=1, stable=True).indices[:, :n - f]
         want = torch.zeros_like(x)
         for i in range(n):
