@@ -135,23 +135,27 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
     if n <= _PAIRWISE_MAX and len(values) <= _COUNTED_MAX_VALUES:
         kept = _counted_kept(x, wl, values, cut, total - cut)
         return _kept_mean(x, kept), kept
-    if n <= _PAIRWISE_MAX:
-        # lower[j] starts at the weight of every later submission and loses those that sort after j.
-        lower = torch.tensor([sum(wl[j + 1:]) for j in range(n)], dtype=torch.float64).unsqueeze(1).repeat(1, d)
-        before = torch.empty(d, dtype=torch.bool)
-        ones = torch.empty(d, dtype=torch.float64)  # `before` as 0/1 (adding a bool tensor converts slowly)
-        for i in range(n):
-            for j in range(i):
-                torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
-                ones.copy_(before)
-                lower[i].add_(ones, alpha=wl[j])
-                lower[j].add_(ones, alpha=-wl[i])
-    else:
+    if n > _PAIRWISE_MAX:
         kept = _sorted_kept(x, w, cut, total - cut)
         return _kept_mean(x, kept), kept
-    kept = torch.clamp(torch.minimum(lower + w.unsqueeze(1), torch.tensor(total - cut, dtype=torch.float64))
-                       - torch.clamp(lower, min=cut), min=0.0)
+    # lower[j] starts at the weight of every later submission and loses those that sort after j.
+    lower = torch.tensor([sum(wl[j + 1:]) for j in range(n)], dtype=torch.float64).unsqueeze(1).repeat(1, d)
+    before = torch.empty(d, dtype=torch.bool)
+    ones = torch.empty(d, dtype=torch.float64)  # `before` as 0/1 (adding a bool tensor converts slowly)
+    for i in range(n):
+        for j in range(i):
+            torch.le(x[j], x[i], out=before)  # j sorts before i (ties: the lower index first)
+            ones.copy_(before)
+            lower[i].add_(ones, alpha=wl[j])
+            lower[j].add_(ones, alpha=-wl[i])
+    kept = _kept_weight(lower, w.unsqueeze(1), cut, total - cut)
     return _kept_mean(x, kept), kept
+
+
+def _kept_weight(lower: torch.Tensor, weight: torch.Tensor, cut: float, top: float) -> torch.Tensor:
+    """The part of each weight that lies between `cut` and `top`, given the weight `lower` below it:
+    min(lower + weight, top) - max(lower, cut), at least 0 (`lower` is clamped in place)."""
+    return (lower + weight).clamp_(max=top).sub_(lower.clamp_(min=cut)).clamp_(min=0.0)
 
 
 def _by_coordinate(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +177,7 @@ def _sorted_kept(x: torch.Tensor, w: torch.Tensor, cut: float, top: float) -> to
     order = _by_coordinate(x)[1]
     ws = w[order]
     lower = torch.cumsum(ws, dim=1).sub_(ws)
-    kept = (lower + ws).clamp_(max=top).sub_(lower.clamp_(min=cut)).clamp_(min=0.0)
+    kept = _kept_weight(lower, ws, cut, top)
     return torch.empty_like(kept).scatter_(1, order, kept).T.contiguous()
 
 
