@@ -195,10 +195,15 @@ def test_the_sort_paths_give_the_bits_of_a_per_coordinate_reference():
         assert torch.equal(agg.weighted_median(x, w), want_median), n
 
 
-def test_nearest_neighbour_mixing_shares_sums_without_changing_them():
-    """One sum per distinct neighbour set gives the bits of summing each row's neighbours from zero in
-    index order; the distances, each pair computed once, are the bits of the full `cdist`."""
+@pytest.mark.parametrize("block", [32768, 64])
+def test_nearest_neighbour_mixing_shares_sums_without_changing_them(monkeypatch, block):
+    """One sum per distinct neighbour set, block by block of columns (257 columns: one block, or five
+    with a tail), gives the bits of summing each row's neighbours from zero in index order; the
+    distances, each pair computed once, are the bits of the full `cdist`."""
+    import krill.rl.aggregate as agg
     from krill.rl.aggregate import _distances, nearest_neighbour_mixing
+
+    monkeypatch.setattr(agg, "_MIX_BLOCK", block)
 
     g = torch.Generator().manual_seed(9)
     for n, f in ((2, 1), (5, 1), (8, 1), (10, 3), (16, 3), (33, 6)):
