@@ -12,7 +12,8 @@ Design decisions:
   connection: the first send reads the pending count, later sends increment locally (no
   round-trip, no collisions between clients of one account in this process). Any failure after
   a nonce was taken, and `reset()` (for example after a devnet snapshot revert), makes the next
-  send read it from the chain again.
+  send read it from the chain again. The books are held weakly by their Web3 object, so a book
+  goes with its connection and a new connection starts empty.
 - Fees follow EIP-1559: maxFee = 2 x base fee + priority fee (the node's suggestion), read at
   most once a second per transactor (forgotten after a failed send and a devnet revert).
 - Views and gas estimates go straight through the provider as JSON-RPC requests (`raw_call`):
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -91,7 +93,10 @@ class NonceBook:
             self._next.clear()
 
 
-_BOOKS: dict[int, NonceBook] = {}
+# Keyed by the Web3 object itself, weakly: a book goes with its connection. Keyed by `id(w3)`, a
+# new connection allocated where a collected one had been inherited its nonces, so its first
+# transaction to a fresh node carried a nonce the node was not at and was never mined.
+_BOOKS: weakref.WeakKeyDictionary[Web3, NonceBook] = weakref.WeakKeyDictionary()
 _BOOKS_LOCK = threading.Lock()
 
 
@@ -108,7 +113,7 @@ def call_error(error: Any, what: str, method: str = "eth_call") -> Exception:
 def nonce_book(w3: Web3) -> NonceBook:
     """The NonceBook shared by every client of this Web3 instance."""
     with _BOOKS_LOCK:
-        return _BOOKS.setdefault(id(w3), NonceBook())
+        return _BOOKS.setdefault(w3, NonceBook())
 
 
 class Transactor:

@@ -46,3 +46,26 @@ def test_a_node_still_indexing_is_waited_for(monkeypatch):
     monkeypatch.setattr(w3.eth, "get_transaction_receipt", indexing_first)
     receipt = tx._send(lambda params: {**params, "to": receiver.address, "value": 1}, "transfer")
     assert receipt.gas_used == 21_000 and next(answers, None) is None
+
+
+def test_a_new_connection_never_inherits_the_nonces_of_a_collected_one():
+    """The nonce book goes with its Web3 object. Keyed by `id(w3)`, a connection allocated where a
+    collected one had been took over its nonces, and its first transaction to a fresh node was
+    never mined (a worker fixture's deploy timed out after 120 s)."""
+    import gc
+
+    from web3 import Web3
+
+    from krill.chain.tx import nonce_book
+
+    seen, reused = set(), 0
+    for _ in range(50):
+        w3 = Web3()
+        book = nonce_book(w3)
+        assert book._next == {}, "a new connection started with another connection's nonces"
+        reused += id(w3) in seen
+        seen.add(id(w3))
+        book._next["0x" + "11" * 20] = 5
+        del w3, book
+        gc.collect()
+    assert reused, "no Web3 object was allocated where a collected one had been: the test did not exercise reuse"
