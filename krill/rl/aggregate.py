@@ -124,20 +124,26 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
     levels), they count the submissions below per weight value and look up per count
     (`_counted_kept`). Both tables are computed in Python floats.
     """
-    n, d = x.shape
+    n = x.shape[0]
     wl = [float(v) for v in w]
     values = sorted(set(wl))
     total = float(w.sum())
     cut = trim * total
     if n <= _SUBSET_MAX:
         kept = _subset_kept(x, wl, cut, total - cut)
-        return _kept_mean(x, kept), kept
-    if n <= _PAIRWISE_MAX and len(values) <= _COUNTED_MAX_VALUES:
+    elif n <= _PAIRWISE_MAX and len(values) <= _COUNTED_MAX_VALUES:
         kept = _counted_kept(x, wl, values, cut, total - cut)
-        return _kept_mean(x, kept), kept
-    if n > _PAIRWISE_MAX:
+    elif n <= _PAIRWISE_MAX:
+        kept = _pairwise_kept(x, w, cut, total - cut)
+    else:
         kept = _sorted_kept(x, w, cut, total - cut)
-        return _kept_mean(x, kept), kept
+    return _kept_mean(x, kept), kept
+
+
+def _pairwise_kept(x: torch.Tensor, w: torch.Tensor, cut: float, top: float) -> torch.Tensor:
+    """Kept weight [n, d] for n <= 16 submissions with any weights, from n(n-1)/2 vector comparisons."""
+    n, d = x.shape
+    wl = [float(v) for v in w]
     # lower[j] starts at the weight of every later submission and loses those that sort after j.
     lower = torch.tensor([sum(wl[j + 1:]) for j in range(n)], dtype=torch.float64).unsqueeze(1).repeat(1, d)
     before = torch.empty(d, dtype=torch.bool)
@@ -148,8 +154,7 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
             ones.copy_(before)
             lower[i].add_(ones, alpha=wl[j])
             lower[j].add_(ones, alpha=-wl[i])
-    kept = _kept_weight(lower, w.unsqueeze(1), cut, total - cut)
-    return _kept_mean(x, kept), kept
+    return _kept_weight(lower, w.unsqueeze(1), cut, top)
 
 
 def _kept_weight(lower: torch.Tensor, weight: torch.Tensor, cut: float, top: float) -> torch.Tensor:
