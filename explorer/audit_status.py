@@ -33,6 +33,9 @@ def parse_report(data: Any) -> tuple[str | None, dict[int, dict[str, Any]]]:
         raise AuditReportError("an audit report is a JSON object")
     if isinstance(data.get("audit"), dict):  # krill demo's summary.json
         audit = data["audit"]
+        for key in ("failures", "versions"):
+            if not isinstance(audit.get(key, []), list):
+                raise AuditReportError(f"not a demo summary: audit.{key} is {type(audit[key]).__name__}, expected a list")
         failures: dict[int, list[str]] = {}
         for text in audit.get("failures", []):
             head, _, name = str(text).partition(": ")

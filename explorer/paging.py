@@ -25,6 +25,7 @@ from krill.errors import KrillError
 
 MAX_PARAM_CHARS = 200
 _HEX32 = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+MAX_INDEX_INT = (1 << 63) - 1
 _ADDRESS = re.compile(r"^(0x)?[0-9a-fA-F]{40}$")
 
 
@@ -65,7 +66,8 @@ class Page:
 
 
 def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: int | None = None) -> int:
-    """An integer query parameter in [lo, hi] (values above `hi` are capped to it)."""
+    """An integer query parameter in [lo, hi] (values above `hi` are capped to it; without `hi`, values
+    past the index's signed 64-bit columns are refused rather than handed to the database)."""
     raw = params.get(name)
     if raw is None or raw == "":
         return default
@@ -74,6 +76,8 @@ def int_param(params: Mapping[str, str], name: str, default: int, lo: int, hi: i
     value = int(raw)
     if value < lo:
         raise BadRequest(f"parameter {name!r} must be at least {lo}, got {value}")
+    if hi is None and value > MAX_INDEX_INT:
+        raise BadRequest(f"parameter {name!r} must be at most {MAX_INDEX_INT} (the index's integer range), got {value}")
     return value if hi is None else min(value, hi)
 
 

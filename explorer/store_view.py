@@ -50,15 +50,50 @@ def record_view(store, record_digest: str | None) -> dict[str, Any]:
     return {"available": True, "cid": cid, "error": None, "record": record.model_dump(mode="json")}
 
 
+# What the evidence page reads, with the JSON kinds it can render: (key, kinds, what the error says).
+_EVIDENCE_FIELDS = (("ok", (bool,), "a boolean"), ("reason", (str,), "a string"),
+                    ("failed_field", (str, type(None)), "a string or null"))
+_CHECK_FIELDS = (("name", (str,), "a string"), ("ok", (bool,), "a boolean"), ("detail", (str,), "a string"),
+                 ("ms", (int,), "an integer"), ("figures", (dict, type(None)), "an object or null"))
+
+
 def _evidence_shape(doc: Any) -> str | None:
     if not isinstance(doc, dict):
         return "not a JSON object"
     if doc.get("format") != EVIDENCE_FORMAT:
         return f"format {str(doc.get('format'))[:40]!r}, expected {EVIDENCE_FORMAT!r}"
+    for key, kinds, what in _EVIDENCE_FIELDS:
+        if key not in doc and what.endswith("or null"):
+            continue
+        if not _is(doc.get(key), kinds):
+            return f"{key!r} is {_kind(doc.get(key)) if key in doc else 'missing'}, expected {what}"
     checks = doc.get("checks")
-    if not isinstance(checks, list) or not all(isinstance(c, dict) for c in checks):
-        return "'checks' is not a list of objects"
+    if not isinstance(checks, list):
+        return f"'checks' is {_kind(checks) if 'checks' in doc else 'missing'}, expected a list of objects"
+    for i, check in enumerate(checks):
+        if not isinstance(check, dict):
+            return f"checks[{i}] is {_kind(check)}, expected an object"
+        for key, kinds, what in _CHECK_FIELDS:
+            if key not in check and what.endswith("or null"):
+                continue
+            if not _is(check.get(key), kinds):
+                return f"checks[{i}].{key} is {_kind(check.get(key)) if key in check else 'missing'}, expected {what}"
+        bad = [k for k, v in (check.get("figures") or {}).items() if not _is(v, (str, int, bool, type(None)))]
+        if bad:
+            return f"checks[{i}].figures[{str(bad[0])[:40]!r}] is not a string, integer, boolean or null"
     return None
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    """isinstance, except that a boolean is not an integer here (JSON tells them apart)."""
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+                                         int: "an integer"}.get(type(value), type(value).__name__)
 
 
 def evidence_view(store, evidence_digest: str) -> dict[str, Any]:

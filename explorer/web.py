@@ -111,6 +111,10 @@ class ExplorerApp:
             route, groups = found
             with self.database.session() as session:
                 data = route.data(RequestContext(self, session, params), **groups)
+            if api:
+                return self._json(200, data)
+            extra = {"charts": overview_charts(data["series"])} if route.template == "overview.html" else {}
+            return self._html(200, route.template, {**data, **extra}, params)
         except BadRequest as exc:
             return self._error(400, str(exc), api)
         except NotFound as exc:
@@ -122,10 +126,6 @@ class ExplorerApp:
             if isinstance(exc, OperationalError):
                 return self._error(503, "the index database cannot be read right now; try again shortly", api)
             return self._error(500, "internal error (details are in the explorer's log)", api)
-        if api:
-            return self._json(200, data)
-        extra = {"charts": overview_charts(data["series"])} if route.template == "overview.html" else {}
-        return self._html(200, route.template, {**data, **extra}, params)
 
     # ------------------------------------------------------------------ helpers
 

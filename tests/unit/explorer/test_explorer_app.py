@@ -242,3 +242,50 @@ def test_runs_list(world):
     assert status == 200 and runs["total"] == 1 and runs["items"][0]["run_id"] == world.run
     status, _, body = world.client.get("/runs")
     assert status == 200 and world.run in body
+
+
+def test_an_evidence_document_of_the_wrong_shape_is_unavailable_not_an_error(world):
+    from krill.explorer.store_view import evidence_view
+    from krill.payload.canonical import canonical_json
+
+    good = {"format": "krill-evidence/1", "ok": False, "reason": "rewards",
+            "checks": [{"name": "rewards", "ok": False, "detail": "d", "ms": 3}]}
+    bad = {"missing 'reason'": ({k: v for k, v in good.items() if k != "reason"}, "'reason' is missing"),
+           "ok a string": ({**good, "ok": "no"}, "'ok' is a string, expected a boolean"),
+           "check without detail": ({**good, "checks": [{"name": "x", "ok": True, "ms": 1}]},
+                                    "checks[0].detail is missing"),
+           "ms a boolean": ({**good, "checks": [{**good["checks"][0], "ms": True}]}, "checks[0].ms is a boolean"),
+           "figures a list": ({**good, "checks": [{**good["checks"][0], "figures": [1]}]},
+                              "checks[0].figures is a list"),
+           "a figure an object": ({**good, "checks": [{**good["checks"][0], "figures": {"a": {}}}]},
+                                  "checks[0].figures['a']")}
+    import hashlib
+
+    digest = hashlib.sha256(canonical_json(good)).hexdigest()
+    world.store.put_block(canonical_json(good), pin=True)
+    assert evidence_view(world.store, digest)["available"] is True  # figures and failed_field may be absent
+    for name, (doc, why) in bad.items():
+        data = canonical_json(doc)
+        world.store.put_block(data, pin=True)
+        view = evidence_view(world.store, hashlib.sha256(data).hexdigest())
+        assert view["available"] is False and why in view["error"], (name, view["error"])
+
+
+def test_a_page_that_fails_to_render_is_a_500_with_headers(world, monkeypatch):
+    render = world.app._html
+
+    def failing(status, template, *args, **kw):
+        if template == "version.html":
+            raise KeyError("a field the template needs")
+        return render(status, template, *args, **kw)
+
+    monkeypatch.setattr(world.app, "_html", failing)
+    status, headers, body = world.client.get("/versions/1")
+    assert status == 500 and "internal error" in body
+    assert headers["X-Frame-Options"] == "DENY" and "default-src 'none'" in headers["Content-Security-Policy"]
+
+
+def test_a_number_past_the_index_range_is_a_bad_request(world):
+    status, data = world.client.json("/api/contributions?version=" + "9" * 20)
+    assert status == 400 and "at most 9223372036854775807" in data["error"]
+    assert world.client.json("/api/contributions?version=9223372036854775807")[0] == 200

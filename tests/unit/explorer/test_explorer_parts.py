@@ -29,6 +29,9 @@ def test_audit_report_spellings(tmp_path):
     assert single == {4: {"status": "passed", "failed_checks": [], "checks": 1}}
     with pytest.raises(AuditReportError):
         parse_report({"versions": [{"nope": 1}]})
+    for bad in ({"failures": None}, {"failures": "v1: x"}, {"versions": {"1": 1}}):
+        with pytest.raises(AuditReportError, match=f"audit.{next(iter(bad))} is"):
+            parse_report({"audit": {"ok": False, "versions": [1], **bad}})
     path = tmp_path / "a.json"
     path.write_text(json.dumps({"run_id": "cd" * 32, "version": 4, "ok": False,
                                 "checks": [{"name": "x", "ok": False, "detail": ""}]}))
