@@ -83,7 +83,7 @@ def load_contribution(ctx, commit_id: int, worker: str, version: int):
         return cached
     with ctx.db.session() as s:
         c = s.get(Commit, commit_id)
-        view = CommitView(commit_id, worker, version, c.header_digest, c.worker_key, None, False)
+        view = CommitView(commit_id, worker, version, c.header_digest, c.worker_key, None, False, int(c.nonce))
     contribution = fetch_and_validate(ctx, view)
     ctx.remember(commit_id, contribution)
     return contribution

@@ -33,7 +33,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 
 from krill.coordinator.faults import halt_point
 from krill.db.models import (
@@ -95,6 +95,8 @@ class CommitView:
     worker_key: str | None
     block_time: int | None
     jailed: bool
+    nonce: int  # the nonce of the on-chain commit, which the header must name
+    nonce_first_commit: int | None = None  # the run's first commit by this worker with this nonce
 
 
 def _reject(code: RejectionCode, reason: str) -> Outcome:
@@ -104,8 +106,14 @@ def _reject(code: RejectionCode, reason: str) -> Outcome:
 def fetch_and_validate(ctx, commit: CommitView):
     """The validated contribution of `commit`; PayloadError if it is invalid, ContentNotFoundError if
     some part is not in the store (yet)."""
-    from krill.payload.contribution import ExpectedContext, check_context, validate_contribution
+    from krill.payload.contribution import (
+        ExpectedContext,
+        check_context,
+        check_file_names,
+        validate_contribution,
+    )
     from krill.payload.header import ROLLOUTS_FILE, decode_header
+    from krill.protocol.work import run_codec
     from krill.store.cid import digest_to_cid
 
     limits = ctx.spec.limits
@@ -115,24 +123,27 @@ def fetch_and_validate(ctx, commit: CommitView):
     state = ctx.state(commit.version)
     expected = ExpectedContext(run_id=ctx.run_hex, chain_id=ctx.chain_id, contract=ctx.contract,
                                worker=commit.worker, ed25519_key=commit.worker_key, model_version=commit.version,
-                               manifest_cid=state.manifest_cid, digest=digest)
+                               manifest_cid=state.manifest_cid, digest=digest, nonce=commit.nonce,
+                               **run_codec(ctx.spec))
+    lengths = ctx.grad_lengths(commit.version)
     with phase("validate"):
         if hashlib.sha256(header_bytes).digest() != digest:
             raise pe.DigestMismatchError("header bytes do not hash to the committed digest", field="header")
         header = decode_header(header_bytes, limits, verify=False)
         check_context(header, expected)
         header.verify(commit.worker_key)
+        check_file_names(header, lengths)  # before any file is fetched: names it may not carry cost no bytes
+        for name, ref in sorted(header.files.items()):
+            cap = limits.max_rollout_bytes if name == ROLLOUTS_FILE else limits.max_grad_bytes
+            if ref.size > cap:
+                raise pe.PayloadTooLargeError(f"{ref.size} bytes, over the cap of {cap}", field=f"{name}.size")
     files = {}
     for name, ref in sorted(header.files.items()):
-        cap = limits.max_rollout_bytes if name == ROLLOUTS_FILE else limits.max_grad_bytes
-        if ref.size > cap:
-            raise pe.PayloadTooLargeError(f"{ref.size} bytes, over the cap of {cap}", field=f"{name}.size")
         try:
             with phase("fetch"):
                 files[name] = ctx.store.get(ref.cid, max_bytes=ref.size)
         except IntegrityError as exc:  # the store refused bytes not matching the CID the worker signed
             raise pe.DigestMismatchError(f"content under {ref.cid} does not match it: {exc}", field=name) from None
-    lengths = ctx.grad_lengths(commit.version)
     with phase("validate"):
         return validate_contribution(header_bytes, files, limits, expected, lengths)
 
@@ -151,6 +162,10 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
         return _reject(RejectionCode.JAILED, "the worker is jailed (a commit was slashed)")
     if commit.worker_key is None:
         return _reject(RejectionCode.UNKNOWN_KEY, "the worker had no staked Ed25519 key when it committed")
+    if commit.nonce_first_commit is not None and commit.nonce_first_commit != commit.commit_id:
+        return _reject(RejectionCode.WRONG_ASSIGNMENT,
+                       f"nonce {commit.nonce} was already committed by this worker in commit "
+                       f"{commit.nonce_first_commit}: the assignment it derives would repeat")
     staleness = next_version - 1 - commit.version
     if staleness > ctx.spec.staleness.max_staleness:
         return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
@@ -202,7 +217,7 @@ def undecided_commits(ctx) -> list[CommitView]:
     with ctx.db.session() as s:
         rows = s.execute(
             select(Commit.commit_id, Commit.worker, Commit.version, Commit.header_digest, Commit.worker_key,
-                   Participant.jailed)
+                   Commit.nonce, Participant.jailed)
             .join(Participant, Participant.address == Commit.worker)
             .outerjoin(Contribution, Contribution.commit_id == Commit.commit_id)
             .where(Commit.run_id == ctx.run_hex,
@@ -211,8 +226,15 @@ def undecided_commits(ctx) -> list[CommitView]:
         ids = [r.commit_id for r in rows]
         times = dict(s.execute(select(ChainEventRow.commit_id, ChainEventRow.block_time)
                                .where(ChainEventRow.kind == "Committed", ChainEventRow.commit_id.in_(ids))).all()) if ids else {}
+        first = {}
+        if ids:
+            workers = sorted({r.worker for r in rows})
+            first = {(w, int(n)): c for w, n, c in s.execute(
+                select(Commit.worker, Commit.nonce, func.min(Commit.commit_id))
+                .where(Commit.run_id == ctx.run_hex, Commit.worker.in_(workers))
+                .group_by(Commit.worker, Commit.nonce)).all()}
     return [CommitView(r.commit_id, r.worker, int(r.version), r.header_digest, r.worker_key, times.get(r.commit_id),
-                       bool(r.jailed)) for r in rows]
+                       bool(r.jailed), int(r.nonce), first.get((r.worker, int(r.nonce)))) for r in rows]
 
 
 def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:

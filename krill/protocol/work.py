@@ -46,6 +46,11 @@ from krill.rl.gradient import shard_gradients
 CODECS = {"fp16": "fp16", "bf16": "bf16", "int8": "int8-block"}
 
 
+def run_codec(spec: RunSpec) -> dict[str, str | int]:
+    """The gradient codec and block size the run's contributions must use (`ExpectedContext` fields)."""
+    return {"codec": CODECS[spec.compression.dtype], "block_size": spec.compression.block_size}
+
+
 def derived_seed(spec: RunSpec, purpose: bytes, worker: str, version: int, nonce: int) -> int:
     """A 63-bit seed: H(domain, purpose, run seed, worker, version, nonce)."""
     data = b"krill/seed/v1/" + purpose + spec.run_seed + bytes.fromhex(worker.lower().removeprefix("0x"))
@@ -170,8 +175,8 @@ def package(spec: RunSpec, task, who: Identity, learner_state: VersionState, sam
     """Build and sign the header and files of a contribution."""
     from krill.payload.contribution import build_contribution
 
-    codec = CODECS[spec.compression.dtype]
-    grads = [GradientShard(s, codec, values, spec.compression.block_size) for s, values in sorted(learned.values.items())]
+    codec = run_codec(spec)
+    grads = [GradientShard(s, codec["codec"], values, codec["block_size"]) for s, values in sorted(learned.values.items())]
     r = spec.rollout
     body = dict(run_id=spec.run_id.hex(), chain_id=who.chain_id, contract=who.contract.lower(),
                 worker=who.worker.lower(), ed25519_key=bytes(who.signing_key.verify_key).hex(),

@@ -114,3 +114,55 @@ def test_after_its_first_pass_the_coordinator_reads_the_run_only_to_publish_and_
     for _ in range(3):  # passes waiting for contributions to version 2
         assert coordinator.step() == []
     assert len(reads) == 3 and not coordinator.done()
+
+
+def test_a_header_must_name_its_commit_nonce_carry_a_gradient_and_never_reuse_a_nonce(coordinator_env):
+    """Three ways to get the same work counted twice or to count work with nothing to fold: a header
+    whose nonce differs from its on-chain commit's, a header with rollouts and no gradient, and a
+    nonce committed again at a later version. Each is rejected, recorded, and never folded."""
+    from krill.coordinator.loop import Coordinator, LoopOptions
+    from krill.payload.header import HeaderBody
+    from krill.protocol.record import load_record
+
+    env = coordinator_env()
+    (a1, w1), (a2, w2), (a4, w4), (a5, w5) = env.stake(1), env.stake(2), env.stake(4), env.stake(5)
+    ids = []
+    for account, who in ((a1, w1), (a2, w2)):
+        header, files = env.produce(who, nonce=0)
+        env.upload(header, files)
+        ids.append(env.commit(account, header))
+    header, files = env.produce(w4, nonce=2)
+    env.upload(header, files)
+    from krill.chain.events import Committed
+
+    other_nonce = env.chain.as_account(a4).commit(env.run_id, 0, 7, header.digest).event(Committed).commit_id
+    header, files = env.produce(w5, nonce=0)
+    body = {k: v for k, v in header.model_dump().items() if k != "signature"}
+    body["files"] = {name: ref for name, ref in body["files"].items() if not name.startswith("grad-")}
+    rollouts_only = HeaderBody(**body).sign(w5.signing_key)
+    env.upload(rollouts_only, files)
+    no_gradient = env.commit(a5, rollouts_only)
+
+    ctx, indexer = env.context()
+    coordinator = Coordinator(ctx, indexer, LoopOptions(poll_interval_s=0.1, eval_every=0, max_versions=3),
+                              echo=lambda _: None)
+    assert [f.version for f in coordinator.step()] == [1]
+    with ctx.db.session() as s:
+        rows = {c.commit_id: c for c in s.scalars(select(Contribution))}
+    assert [rows[i].status for i in ids] == [ContributionStatus.ACCEPTED] * 2
+    assert rows[other_nonce].status == ContributionStatus.REJECTED
+    assert rows[other_nonce].reason_code == RejectionCode.MALFORMED_PAYLOAD and "header.nonce" in rows[other_nonce].reason
+    assert rows[no_gradient].status == ContributionStatus.REJECTED
+    assert "no gradient file" in rows[no_gradient].reason
+    record = load_record(env.store, env.chain.version_of(env.run_id, 1).record_digest)
+    assert [e.commit_id for e in record.accepted] == ids
+    assert sorted(e.commit_id for e in record.rejected) == sorted([other_nonce, no_gradient])
+
+    header, files = env.produce(w1, nonce=0, version=1)  # nonce 0 again, at version 1
+    env.upload(header, files)
+    again = env.commit(a1, header, version=1)
+    assert coordinator.step() == []
+    with ctx.db.session() as s:
+        row = s.get(Contribution, again)
+    assert row.status == ContributionStatus.REJECTED and row.reason_code == RejectionCode.WRONG_ASSIGNMENT
+    assert f"nonce 0 was already committed by this worker in commit {ids[0]}" in row.reason

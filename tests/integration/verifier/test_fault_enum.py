@@ -100,7 +100,7 @@ def _ingest(env, commit_id: int, now: float):
     ctx = RunContext(chain=admin, store=env.store, db=None, spec=env.spec, chain_id=int(env.w3.eth.chain_id))
     block_time = int(env.w3.eth.get_block(info.commit_block)["timestamp"])
     view = CommitView(commit_id, info.worker.lower(), int(info.version), info.header_digest.hex(),
-                      key.hex() if isinstance(key, bytes) else key, block_time, False)
+                      key.hex() if isinstance(key, bytes) else key, block_time, False, int(info.nonce))
     return examine(ctx, view, next_version=int(info.version) + 1, now=now)
 
 
