@@ -156,13 +156,27 @@ class Coordinator:
             out.append(self._report(row, sent, fold_seconds))
         return out
 
-    def _report(self, row, sent: int, fold_seconds: float) -> VersionFigures:
-        from krill.coordinator.close import load_contribution
-        from krill.coordinator.ingest import contribution_bytes
+    def _received_bytes(self, accepted: list[dict]) -> int:
+        """Bytes the version's accepted contributions took on the wire. Contributions still cached count
+        header + files; after a restart the index's file sizes stand in (the header's few hundred bytes
+        left out), so reporting never refetches content, which may be gone by now."""
+        from sqlalchemy import select
 
+        from krill.coordinator.ingest import contribution_bytes
+        from krill.db.models import Header
+
+        ids = [int(e["commit_id"]) for e in accepted]
+        cached = {i: c for i in ids if (c := self.ctx.recall(i)) is not None}
+        total = sum(contribution_bytes(c) for c in cached.values())
+        missing = [i for i in ids if i not in cached]
+        if missing:
+            with self.ctx.db.session() as s:
+                total += sum(n or 0 for n in s.scalars(select(Header.total_bytes).where(Header.commit_id.in_(missing))))
+        return total
+
+    def _report(self, row, sent: int, fold_seconds: float) -> VersionFigures:
         ctx = self.ctx
-        received = sum(contribution_bytes(load_contribution(ctx, int(e["commit_id"]), e["worker"],
-                                                            int(e["model_version"]))) for e in row.accepted)
+        received = self._received_bytes(row.accepted)
         previous, now = published_at(ctx, row.version - 1), published_at(ctx, row.version)
         seconds = (now - previous) if previous is not None and now is not None else row.window_s
         f = figures(row, received, sent, float(seconds), fold_seconds)

@@ -6,7 +6,7 @@ import hashlib
 
 from sqlalchemy import select
 
-from krill.db.models import Contribution, ContributionStatus
+from krill.db.models import Contribution, ContributionStatus, Header, Metric
 
 SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4},
         "version": {"contributions": 3, "deadline_s": 600.0}, "chain": {"max_staleness": 1}, "eval_n": 8,
@@ -70,11 +70,19 @@ def test_kill_9_at_each_point_then_restart_publishes_the_same_version(coordinato
         if outcome.optimizer_state_cid is not None:
             blob = env.store.get(outcome.optimizer_state_cid)
             assert hashlib.sha256(blob).hexdigest() == outcome.optimizer_state_sha256
-    ctx, _ = env.context()
+    ctx, indexer = env.context()
     with ctx.db.session() as s:
         rows = list(s.scalars(select(Contribution).order_by(Contribution.commit_id)))
     assert [(r.commit_id, r.status, r.aggregated_version) for r in rows] == [
         (i, ContributionStatus.ACCEPTED, 1) for i in ids]
+    with ctx.db.session() as s:
+        metric = s.get(Metric, (env.run_id.hex(), 1))
+        sizes = sum(s.scalars(select(Header.total_bytes).where(Header.commit_id.in_(ids))))
+    assert metric.bytes_received >= sizes > 0  # the files, and the headers of contributions it still held
+    # With nothing cached, the report takes the index's sizes and fetches nothing (content may be gone).
+    ctx.store.get = lambda *a, **k: (_ for _ in ()).throw(AssertionError("the report fetched content"))
+    assert Coordinator(ctx, indexer, LoopOptions(), echo=print)._received_bytes(
+        [{"commit_id": i} for i in ids]) == sizes
 
 
 def test_a_restarted_coordinator_replays_the_optimizer_states_it_did_not_store(coordinator_env):
