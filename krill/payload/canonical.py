@@ -76,21 +76,52 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+_SPECIAL = re.compile(r'[\[\]{}"\\]')
 
 
 def check_depth(text: str, max_depth: int, field: str) -> None:
     """Refuse nesting deeper than `max_depth` before any recursive parser sees the text.
 
-    The scan is linear and allocation-light (strings removed, then brackets counted), so a
-    deeply nested bomb costs neither recursion nor memory whatever the interpreter's limits.
+    One left-to-right pass over the brackets, quotes and backslashes, tracking whether it is inside
+    a string and which character a backslash escapes, so the cost is linear whatever the input (a
+    regex that removed strings first restarted at every quote of an unterminated string: quadratic)
+    and a deeply nested bomb costs neither recursion nor memory. Brackets inside a string do not
+    count. A string that never closes (it reaches the end, or a backslash before a newline or the
+    end) is not a string: its brackets count, and its quotes do not open strings.
     """
     depth = 0
-    for bracket in _BRACKET.findall(_STRING.sub("", text)):
-        depth += 1 if bracket in "[{" else -1
-        if depth > max_depth:
-            raise MalformedPayloadError(f"nesting deeper than {max_depth}", field=field)
+    in_string = False
+    pending = peak = 0  # bracket walk inside the open string: counted only if it never closes
+    escaped = -1  # index of the character the last backslash in the string escapes
+    for match in _SPECIAL.finditer(text):
+        at, char = match.start(), match.group()
+        if in_string:
+            if char in "[{":
+                pending += 1
+                peak = max(peak, pending)
+            elif char in "]}":
+                pending -= 1
+            elif at == escaped:
+                pass
+            elif char == '"':
+                in_string = False
+            elif at + 1 < len(text) and text[at + 1] != "\n":
+                escaped = at + 1
+            else:  # unterminated: everything since the opening quote is plain text after all
+                in_string = False
+                if depth + peak > max_depth:
+                    raise MalformedPayloadError(f"nesting deeper than {max_depth}", field=field)
+                depth += pending
+        elif char == '"':
+            in_string, pending, peak = True, 0, 0
+        elif char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise MalformedPayloadError(f"nesting deeper than {max_depth}", field=field)
+        elif char in "]}":
+            depth -= 1
+    if in_string and depth + peak > max_depth:
+        raise MalformedPayloadError(f"nesting deeper than {max_depth}", field=field)
 
 
 def parse_canonical(data: bytes, max_bytes: int, field: str = "json") -> Any:

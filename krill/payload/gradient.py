@@ -16,6 +16,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -107,8 +108,11 @@ def decode_gradient_shard(data: bytes, expected: Mapping[str, int], limits: Payl
     if codec not in CODECS or codec not in codecs:
         raise SchemaError(f"codec {str(codec)[:20]!r} not accepted; one of {list(codecs)}", field=f"{where}.__metadata__.codec")
     block_text = meta.get("block_size", "")
-    if not block_text.isdigit() or not 1 <= int(block_text) <= 1 << 20 or len(block_text) > 8:
-        raise SchemaError("block_size must be an integer in [1, 2**20]", field=f"{where}.__metadata__.block_size")
+    # ASCII digits only, length bounded before int(): str.isdigit() also takes "²" (which int() refuses
+    # with a bare ValueError) and "١" (which it reads as 1), and int() refuses over 4300 digits.
+    if re.fullmatch(r"[0-9]{1,8}", block_text) is None or not 1 <= int(block_text) <= 1 << 20:
+        raise SchemaError(f"block_size {block_text[:20]!r} is not a decimal integer in [1, 2**20]",
+                          field=f"{where}.__metadata__.block_size")
     block_size = int(block_text)
     names = set(st.tensors)
     wanted = set(expected) | ({n + SCALE_SUFFIX for n in expected} if codec == "int8-block" else set())

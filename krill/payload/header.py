@@ -11,7 +11,12 @@ Design decisions:
   lowercase hex for addresses, keys, digests and signatures; integers in milli-units for
   temperature and top-p. Floats never appear, so the encoding is byte-identical everywhere.
 - `protocol` is a literal version number; a different one is `UnsupportedVersionError`, so the
-  format can evolve without old code misreading new headers.
+  format can evolve without old code misreading new headers. `true` is refused by name: strict
+  mode keeps booleans out of int fields, but `Literal[1]` accepts `True` (True == 1).
+- A decoded header must re-encode to exactly the bytes received (`NonCanonicalError` otherwise), so
+  `SignedHeader.digest` is always sha256 of those bytes and a signed header has one digest: without
+  this, omitting a field that has a default (`engine`, `sampling.top_k`, ...) or writing `true` for
+  `protocol` gave a second encoding that the same signature verifies.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from krill.errors import StoreError
 from krill.payload.canonical import canonical_json, parse_canonical
 from krill.payload.errors import (
+    NonCanonicalError,
     PayloadTooLargeError,
     SchemaError,
     SignatureError,
@@ -100,6 +106,13 @@ class HeaderBody(_Strict):
     files: dict[Name, FileRef] = Field(description="File name -> CID, sha256, size.")
 
     _cid = field_validator("manifest_cid")(classmethod(lambda cls, value: _canonical_cid(value)))
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol_not_bool(cls, value):
+        if isinstance(value, bool):
+            raise ValueError(f"protocol must be the integer {PROTOCOL_VERSION}, not a boolean")
+        return value
 
     @model_validator(mode="after")
     def _behaviour_not_newer(self):
@@ -186,6 +199,9 @@ def decode_header(data: bytes, limits: PayloadLimits, verify: bool = True) -> Si
         where = ".".join(str(p) for p in err["loc"])
         raise SchemaError(f"{err['msg']} (and {exc.error_count() - 1} more)" if exc.error_count() > 1
                           else err["msg"], field=f"header.{where}" if where else "header") from None
+    if header.encode() != bytes(data):
+        raise NonCanonicalError("header does not re-encode to the bytes received (every field must be "
+                                "written, defaults included), so its digest would not be unique", field="header")
     if verify:
         header.verify()
     return header

@@ -73,6 +73,7 @@ def test_wrong_key_and_bad_signature():
 
 @pytest.mark.parametrize("change,error,field", [
     ({"protocol": 2}, UnsupportedVersionError, "header.protocol"),
+    ({"protocol": True}, SchemaError, "header.protocol"),
     ({"chain_id": "31337"}, SchemaError, "header.chain_id"),
     ({"chain_id": True}, SchemaError, "header.chain_id"),
     ({"contract": "0x" + "AB" * 20}, SchemaError, "header.contract"),
@@ -101,3 +102,46 @@ def test_missing_field_and_size_cap():
         decode_header(canonical_json(raw), LIMITS)
     with pytest.raises(PayloadTooLargeError):
         decode_header(b"{" + b"x" * LIMITS.max_header_bytes, LIMITS)
+
+
+def test_protocol_true_is_refused_by_name():
+    raw = json.loads(signed().encode())
+    raw["protocol"] = True  # True == 1, and Literal[1] alone accepts it even in strict mode
+    with pytest.raises(SchemaError, match="boolean") as info:
+        decode_header(canonical_json(raw), LIMITS, verify=False)
+    assert info.value.field == "header.protocol"
+    with pytest.raises(ValueError, match="boolean"):
+        HeaderBody(**{**header_body(), "protocol": True}, files={})
+
+
+def _drop(path):
+    def change(raw):
+        *parents, last = path
+        for key in parents:
+            raw = raw[key]
+        del raw[last]
+    return change
+
+
+@pytest.mark.parametrize("change", [
+    lambda raw: raw.update(protocol=True),
+    _drop(["engine"]),
+    _drop(["sampling", "top_k"]),
+    _drop(["sampling", "top_p_milli"]),
+], ids=["protocol-true", "engine-omitted", "top_k-omitted", "top_p-omitted"])
+def test_a_signed_header_has_one_digest(change):
+    """Which guarantee holds: decode_header accepts only bytes the header re-encodes to exactly, so
+    `header.digest` is always sha256 of the bytes received (the digest committed on-chain)."""
+    header = signed()
+    data = header.encode()
+    decoded = decode_header(data, LIMITS)
+    assert decoded.encode() == data and decoded.digest == hashlib.sha256(data).digest()
+    raw = json.loads(data)
+    change(raw)
+    other = canonical_json(raw)  # canonical JSON, a different digest, the same signed content
+    assert other != data
+    if raw["protocol"] is not True:
+        SignedHeader.model_validate(raw).verify()  # the model fills the default back: the signature holds
+    with pytest.raises((SchemaError, NonCanonicalError)) as info:
+        decode_header(other, LIMITS)
+    assert info.value.field in ("header", "header.protocol")

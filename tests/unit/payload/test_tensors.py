@@ -129,6 +129,22 @@ def test_gradient_validation():
         GradientShard(1, "fp16", {"model.norm.weight": np.full(5, 1e6, np.float32)}).encode()
 
 
+
+@pytest.mark.parametrize("block_size", ["\u00b2", "\u0661", "\uff11", "9" * 5000, "123456789", "", "0", "1048577",
+                                        "-1", "+1", " 1", "1\n", "1_0"])
+def test_gradient_block_size_must_be_ascii_digits_in_range(block_size):
+    # "²" made int() raise a bare ValueError, "١" was read as 1, 5000 digits passed str.isdigit() and
+    # overflowed int()'s digit limit: each must be a SchemaError naming the field.
+    grad = make_gradients(np.random.default_rng(6), "fp32")[1]
+    meta = {"format": "krill-grad", "version": "1", "shard": "1", "codec": "fp32", "block_size": block_size}
+    data = encode_safetensors({n: ("F32", v) for n, v in grad.values.items()}, meta)
+    with pytest.raises(SchemaError) as info:
+        decode_gradient_shard(data, GRAD_LENGTHS[1], LIMITS, 1)
+    assert info.value.field == "grad-1.__metadata__.block_size"
+    assert decode_gradient_shard(encode_safetensors({n: ("F32", v) for n, v in grad.values.items()},
+                                                    {**meta, "block_size": "1048576"}),
+                                 GRAD_LENGTHS[1], LIMITS, 1).block_size == 1 << 20
+
 def test_safetensors_framing_is_strict():
     good = encode_safetensors({"a": ("F32", np.zeros(4, np.float32))}, {})
     parse_safetensors(good, 1 << 20, 1 << 16, 8, "f")
