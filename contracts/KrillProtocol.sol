@@ -23,6 +23,11 @@ import {ERC20Burnable} from "@openzeppelin/contracts/token/ERC20/extensions/ERC2
 ///    + 1); sealRandomness records it on first use, so everybody agrees on it after the EVM forgets
 ///    the hash (256 blocks). Selection of a commit for checking by a verifier is a public function
 ///    of that randomness (isCheckSelected); attest does not require selection, quorum protects.
+///  - Failing and passing attestations are capped separately, MAX_ATTESTATIONS each per commit. The
+///    failing cap bounds the bounty loop in slash and is at least every run's quorum; the passing cap
+///    only bounds a commit's verdicts (nothing loops over passes). One shared cap would let anyone
+///    with MAX_ATTESTATIONS verifier accounts fill a commit with passes right after it lands, so no
+///    failing verdict could ever reach quorum and the worker could never be slashed.
 ///  - A slash takes slashFractionBps of (staked + unbonding), staked first; verifierBountyBps of it
 ///    is shared by the verifiers who attested failure (at most MAX_ATTESTATIONS per commit, so the
 ///    loop is bounded) as pull-based credits; the rest, rounding dust included, is burned.
@@ -44,7 +49,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     uint8 public constant ROLE_WORKER = 1;
     /// @notice Participant role code of a verifier.
     uint8 public constant ROLE_VERIFIER = 2;
-    /// @notice Most attestations a single commit accepts (bounds the loop in slash).
+    /// @notice Most failing attestations, and separately most passing attestations, a single commit
+    ///         accepts (the failing cap bounds the loop in slash; passes never use up failing room).
     uint256 public constant MAX_ATTESTATIONS = 32;
     /// @notice Most accounts a single settle call credits.
     uint256 public constant MAX_SETTLE_BATCH = 64;
@@ -257,8 +263,9 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     error AttestationDuplicate(uint256 commitId, address verifier);
     /// @notice The challenge window of the commit has closed.
     error AttestationWindowClosed(uint256 commitId, uint256 lastBlock, uint256 currentBlock);
-    /// @notice The commit already has MAX_ATTESTATIONS attestations.
-    error AttestationLimitReached(uint256 commitId, uint256 limit);
+    /// @notice The commit already has MAX_ATTESTATIONS attestations with verdict `ok` (passes and
+    ///         failures are counted apart).
+    error AttestationLimitReached(uint256 commitId, bool ok, uint256 limit);
     /// @notice Not enough failing attestations to slash.
     error SlashQuorumNotReached(uint256 commitId, uint32 failCount, uint32 quorum);
     /// @notice The commit was already slashed.
@@ -508,7 +515,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     }
 
     /// @notice Record the caller's verdict on `commitId`. Staked, non-jailed verifiers only, once
-    ///         each, while block.number <= commitBlock + challengeWindowBlocks.
+    ///         each, while block.number <= commitBlock + challengeWindowBlocks, and while the commit
+    ///         has fewer than MAX_ATTESTATIONS verdicts equal to `ok` (passes and failures apart).
     /// @param commitId The commit.
     /// @param ok True if the contribution passed the check.
     /// @param evidenceDigest sha256 of the evidence document.
@@ -519,8 +527,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
         if (block.number > lastBlock) revert AttestationWindowClosed(commitId, lastBlock, block.number);
         AttestationInfo storage a = _attestations[commitId][msg.sender];
         if (a.exists) revert AttestationDuplicate(commitId, msg.sender);
-        if (uint256(c.passCount) + c.failCount >= MAX_ATTESTATIONS) {
-            revert AttestationLimitReached(commitId, MAX_ATTESTATIONS);
+        if ((ok ? c.passCount : c.failCount) >= MAX_ATTESTATIONS) {
+            revert AttestationLimitReached(commitId, ok, MAX_ATTESTATIONS);
         }
         a.exists = true;
         a.ok = ok;

@@ -16,6 +16,8 @@ FUNDED = 10_000 * TOKEN
 POOL = 5_000 * TOKEN
 RUN_ID = hashlib.sha256(b"krill-test-run").digest()
 BASE_MANIFEST = hashlib.sha256(b"base manifest").digest()
+CROWD = 33  # MAX_ATTESTATIONS + 1 extra verifiers: one more than a verdict cap admits
+WIDE_RUN = hashlib.sha256(b"krill-test-wide-run").digest()  # its challenge window holds all their verdicts
 
 
 def digest(label: str) -> bytes:

@@ -7,28 +7,33 @@ Anvil node is started on a free port and stopped by PID by `AnvilProcess`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from chain_constants import (  # noqa: F401 - re-exported for the fixtures below
     ACCOUNTS,
     BASE_MANIFEST,
     CHALLENGE_WINDOW,
+    CROWD,
     FUNDED,
     MIN_VERIFIER,
     MIN_WORKER,
     POOL,
     RUN_ID,
     UNBONDING,
+    WIDE_RUN,
     digest,
     key_of,
 )
+from eth_account import Account
+from web3 import Web3
 
 from krill.chain.anvil import AnvilProcess
 from krill.chain.client import KrillChain
 from krill.chain.deploy import TOKEN, Deployment, deploy
 from krill.chain.rpc import connect_http, connect_in_process, dev_accounts, mine, revert, snapshot
 from krill.chain.token import TokenClient
+from krill.chain.tx import Transactor
 from krill.chain.types import Role, RunParams
 
 
@@ -127,3 +132,26 @@ def staked(env: ChainEnv) -> ChainEnv:
     """`env` with every worker and verifier staked at twice its minimum."""
     env.stake_all()
     return env
+
+
+@pytest.fixture
+def crowd(staked: ChainEnv) -> list[KrillChain]:
+    """`staked` plus CROWD more verifiers at the minimum stake (clients acting as each), and run
+    WIDE_RUN, whose challenge window holds a verdict from every one of them (one block each).
+
+    About 200 transactions per backend: tests using it are marked slow.
+    """
+    env = staked
+    admin_tx = Transactor(env.w3, env.accounts[env.ADMIN])
+    clients = []
+    for i in range(CROWD):
+        account = Account.from_key(Web3.keccak(text=f"extra verifier {i}"))
+        admin_tx.send_value(account.address, 10**17)
+        env.token(env.ADMIN).mint(account.address, MIN_VERIFIER)
+        client = env.admin.as_account(account)
+        client.token.approve(env.deployment.protocol, MIN_VERIFIER)
+        client.stake(Role.VERIFIER, MIN_VERIFIER, key_of(100 + i))
+        clients.append(client)
+    env.admin.set_unbonding_blocks(4 * CROWD)
+    env.admin.create_run(WIDE_RUN, digest("wide base"), replace(env.params, challenge_window_blocks=3 * CROWD))
+    return clients

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from chain_constants import BASE_MANIFEST, MIN_WORKER, POOL, RUN_ID, TOKEN, digest
+from chain_constants import BASE_MANIFEST, MIN_WORKER, POOL, RUN_ID, TOKEN, WIDE_RUN, digest
 
 from krill.chain import errors as E
 from krill.chain.events import (
+    Attested,
     BountyCredited,
     Claimed,
     Committed,
@@ -164,6 +165,30 @@ def test_slash_requires_coordinator_and_quorum(staked):
     with pytest.raises(E.CommitUnknown):
         env.coordinator.slash(42)
     env.coordinator.slash(cid)
+
+
+@pytest.mark.slow
+def test_passing_attestations_cannot_crowd_out_a_slash(crowd, staked):
+    """A cheating worker's own verifiers fill the passing cap at once; honest failures still land and
+    reach quorum (with one shared cap every failing verdict here was refused and no slash was possible)."""
+    env = staked
+    cid = env.at(2).commit(WIDE_RUN, 0, 0, digest("cheat")).event(Committed).commit_id
+    for verifier in crowd[:32]:
+        verifier.attest(cid, True, b"\x00" * 32)
+    event = env.at(5).attest(cid, False, digest("evidence-5")).event(Attested)
+    assert (event.pass_count, event.fail_count) == (32, 1)
+    with pytest.raises(E.AttestationLimitReached) as err:
+        crowd[32].attest(cid, True, b"\x00" * 32)
+    assert err.value.revert_args == (cid, True, 32)
+    with pytest.raises(E.SlashQuorumNotReached) as err:
+        env.coordinator.slash(cid)
+    assert err.value.revert_args == (cid, 1, 2)
+    env.at(6).attest(cid, False, digest("evidence-6"))
+    receipt = env.coordinator.slash(cid)
+    assert (receipt.event(Slashed).worker, receipt.event(WorkerJailed).worker) == (env.addr(2), env.addr(2))
+    assert [b.verifier for b in receipt.events_of(BountyCredited)] == [env.addr(5), env.addr(6)]
+    info = env.admin.stake_of(env.addr(2))
+    assert (info.staked, info.jailed) == (MIN_WORKER, True)  # half of twice the minimum taken
 
 
 def test_settle_and_claim(staked):
