@@ -162,15 +162,19 @@ def match(path: str) -> tuple[Route, dict[str, str]] | None:
     return None
 
 
-def search_target(query: str) -> str:
-    """Where a search box query leads: an address, a commit id, a version ('v12') or an evidence digest."""
+def search_target(query: str, run: str | None = None) -> str:
+    """Where a search box query leads: an address, a commit id, a version ('v12') or an evidence digest.
+
+    A search from a page of a given run (`run`) stays in that run, as the page's links do: 'v12'
+    is that run's version 12, not the latest run's."""
     q = query.strip()
+    suffix = "?run=" + hex32_value(run, "parameter 'run'") if run else ""
     if re.fullmatch(r"(0x)?[0-9a-fA-F]{40}", q):
-        return f"/participants/{address_value(q)}"
+        return f"/participants/{address_value(q)}{suffix}"
     if re.fullmatch(r"[0-9]{1,18}", q):
-        return f"/contributions/{int(q)}"
+        return f"/contributions/{int(q)}{suffix}"
     if re.fullmatch(r"[vV][0-9]{1,18}", q):
-        return f"/versions/{int(q[1:])}"
+        return f"/versions/{int(q[1:])}{suffix}"
     if re.fullmatch(r"(0x)?[0-9a-fA-F]{64}", q):
-        return f"/evidence/{hex32_value(q, 'a digest')}"
+        return f"/evidence/{hex32_value(q, 'a digest')}{suffix}"
     raise BadRequest("search for an address (0x…), a commit id, a version (v12) or an evidence digest")

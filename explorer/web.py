@@ -104,7 +104,7 @@ class ExplorerApp:
         try:
             params = self._params(query)
             if path == "/search":
-                return 303, [("Location", search_target(params.get("q", "")))], b""
+                return 303, [("Location", search_target(params.get("q", ""), params.get("run")))], b""
             found = match((path.removeprefix("/api") or "/") if api else path)
             if found is None:
                 raise NotFound(f"nothing at {path[:200]}")

@@ -4,8 +4,15 @@ Design decisions:
 - One model per concern (chain, store, database, keystore, run) and one per role; every field
   documented and bounded. Pluggable parts are unions selected by a `type` field.
 - Precedence, lowest first: model defaults < TOML file < environment (`KRILL_<SECTION>__<FIELD>`,
-  e.g. `KRILL_CHAIN__RPC_URL`) < CLI `--set section.field=value`. Overrides are parsed as TOML
-  values when they parse, else taken as strings, so `--set worker.batch_prompts=16` is an int.
+  e.g. `KRILL_CHAIN__RPC_URL`) < CLI `--set section.field=value`. An override's type comes from
+  the field it sets: a number, boolean or list is parsed as a TOML value (`--set
+  worker.max_contributions=16` is an int); a secret (`keystore.password`) is taken byte for byte,
+  because a password such as `123456`, `true`, ` x` or `"quoted"` must reach the keystore
+  unchanged. Other strings (URLs, paths, addresses, names) are taken as written less surrounding
+  spaces, or may be written as a TOML string literal (`"..."`), which is unquoted: none of them
+  starts and ends with a quote, and `krill devnet up` writes them so.
+- A `[store]` table without `type` is the default local store, so `--set store.path=...` works
+  without a config file.
 - Validators only validate; nothing rewrites another section.
 - `masked()` renders the effective configuration with secrets (passwords, URL credentials, API
   keys in query strings) replaced, for `krill config show`.
@@ -16,10 +23,22 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from pathlib import Path
-from typing import Annotated, Any, Literal
+import types
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from krill.errors import ConfigError
 
@@ -33,6 +52,21 @@ def krill_home() -> Path:
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_shards(value: list[int] | None) -> list[int] | None:
+    if value is None:
+        return value
+    if not value:
+        raise ValueError("must name at least one shard (leave it unset for all)")
+    if any(s < 0 for s in value):
+        raise ValueError(f"shard numbers start at 0, got {sorted(s for s in value if s < 0)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"names a shard twice: {sorted({s for s in value if value.count(s) > 1})}")
+    return value
+
+
+Shards = Annotated[list[int] | None, AfterValidator(_check_shards)]
 
 
 class ChainConfig(_Section):
@@ -49,6 +83,16 @@ class ChainConfig(_Section):
     request_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one JSON-RPC request.")
     retries: int = Field(5, ge=0, le=50, description="Retries of a transient RPC failure, with exponential back-off.")
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to poll for new blocks and receipts.")
+
+    @field_validator("rpc_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        # Krill talks JSON-RPC over HTTP (chain/rpc.py) and derives the WebSocket URL from it (chain/heads.py).
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8545, "
+                             f"got {value!r}")
+        return value
 
 
 class LocalStoreConfig(_Section):
@@ -80,7 +124,16 @@ class EmbeddedKuboStoreConfig(_Section):
     timeout_s: float = Field(60.0, gt=0, le=3600, description="Timeout of one fetch from the network.")
 
 
-StoreConfig = Annotated[LocalStoreConfig | KuboStoreConfig | EmbeddedKuboStoreConfig, Field(discriminator="type")]
+def _store_type(value: Any) -> str | None:
+    # A table without `type` is the default store; pydantic's plain discriminator requires the tag.
+    return value.get("type", "local") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+StoreConfig = Annotated[
+    Annotated[LocalStoreConfig, Tag("local")] | Annotated[KuboStoreConfig, Tag("kubo")]
+    | Annotated[EmbeddedKuboStoreConfig, Tag("embedded-kubo")],
+    Discriminator(_store_type, custom_error_type="store_type",
+                  custom_error_message="unknown store type; choose local, kubo or embedded-kubo")]
 
 
 class DatabaseConfig(_Section):
@@ -88,6 +141,14 @@ class DatabaseConfig(_Section):
 
     url: str = Field(default_factory=lambda: f"sqlite:///{krill_home() / 'krill.db'}",
                      description="SQLAlchemy URL, e.g. sqlite:///path.db or postgresql+psycopg://user@host/db.")
+
+    @field_validator("url")
+    @classmethod
+    def _supported_url(cls, value: str) -> str:
+        # The backends krill/db/session.py opens; checked here so a typo fails at load, not at first use.
+        if not re.match(r"^(sqlite|postgresql)(\+[A-Za-z0-9_]+)?://", value):
+            raise ValueError(f"expected a sqlite:///path.db or postgresql+psycopg://user@host/db URL, got {value!r}")
+        return value
 
 
 class KeystoreConfig(_Section):
@@ -120,7 +181,7 @@ class WorkerConfig(_RoleSection):
     behavior: str = Field(
         "honest", description="Strategy; anything but 'honest' is an attack, for tests, demos and benchmarks "
                               "(`krill worker run --help` lists them).")
-    shards: list[int] | None = Field(None, description="Shards to compute gradients for; default all.")
+    shards: Shards = Field(None, description="Shards to compute gradients for; default all.")
     max_contributions: int | None = Field(None, ge=1, description="Stop after this many commits (default: run on).")
     max_per_version: int | None = Field(2, ge=1, description="Commits per published version before waiting for the "
                                         "next one (work beyond what a version folds only goes stale); None: no limit.")
@@ -154,7 +215,7 @@ class VerifierConfig(_RoleSection):
 class CoordinatorConfig(_RoleSection):
     """Settings of `krill coordinator run`."""
 
-    shards: list[int] | None = Field(None, description="Shards this coordinator serves; default all.")
+    shards: Shards = Field(None, description="Shards this coordinator serves; default all.")
     eval_every: int = Field(5, ge=0, le=100_000, description="Evaluate every this many versions (0: never).")
     max_versions: int | None = Field(None, ge=1, description="Stop after publishing this version (default: run on).")
     optimizer_state_every: int = Field(
@@ -222,14 +283,46 @@ def default_config_path() -> Path | None:
     return devnet if devnet.exists() else None
 
 
-def _parse_scalar(text: str) -> Any:
-    # Addresses and digests (0x...) are strings, never TOML hex integers.
-    if text[:2].lower() == "0x":
+def _members(annotation: Any) -> list[Any]:
+    """The types a field annotation admits, through `Annotated` and unions."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [m for arg in get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _field_types(dotted: str) -> list[Any]:
+    """Every type the field at `dotted` may take (a union section, like `store`, adds each variant's)."""
+    parts = [p for p in dotted.split(".") if p]
+    models: list[type[BaseModel]] = [KrillConfig]
+    for part in parts[:-1]:
+        models = [m for model in models if part in model.model_fields
+                  for m in _members(model.model_fields[part].annotation)
+                  if isinstance(m, type) and issubclass(m, BaseModel)]
+    return [t for model in models if parts and parts[-1] in model.model_fields
+            for t in _members(model.model_fields[parts[-1]].annotation) if t is not type(None)]
+
+
+def _is_text(kind: Any) -> bool:
+    if get_origin(kind) is Literal:
+        return all(isinstance(v, str) for v in get_args(kind))
+    return kind is str or kind is SecretStr or (isinstance(kind, type) and issubclass(kind, PurePath))
+
+
+def _parse_value(dotted: str, text: str) -> Any:
+    """An override's value, typed by the field it sets (see the module docstring)."""
+    kinds = _field_types(dotted)
+    if kinds and SecretStr in kinds:
         return text
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    if kinds and all(_is_text(k) for k in kinds):
+        return value if isinstance(value, str) and text.lstrip()[:1] in ("'", '"') else text.strip()
+    return value
 
 
 def _set_path(data: dict, dotted: str, value: Any, origin: str) -> None:
@@ -251,7 +344,7 @@ def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[str, Any]
     for name, raw in sorted(environ.items()):
         if name.startswith(ENV_PREFIX) and "__" in name:
             dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
-            out.append((dotted, _parse_scalar(raw)))
+            out.append((dotted, _parse_value(dotted, raw)))
     return out
 
 
@@ -273,7 +366,8 @@ def load_config(path: Path | str | None = None, overrides: list[str] | tuple[str
         if "=" not in item:
             raise ConfigError(f"--set '{item}': expected section.field=value")
         dotted, raw = item.split("=", 1)
-        _set_path(data, dotted.strip(), _parse_scalar(raw.strip()), f"--set {item}")
+        dotted = dotted.strip()
+        _set_path(data, dotted, _parse_value(dotted, raw), f"--set {item}")
     try:
         return KrillConfig.model_validate(data)
     except ValidationError as exc:

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,63 @@ def test_hex_values_stay_strings_from_env_and_flags():
     addr = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
     cfg = load_config(None, [f"chain.token_address={addr}"], environ={"KRILL_CHAIN__PROTOCOL_ADDRESS": addr})
     assert cfg.chain.protocol_address == addr == cfg.chain.token_address
+
+
+@pytest.mark.parametrize("password", ["123456", '"quoted"', "true", "'abc'", "1e5", "2024-01-01"])
+def test_password_is_taken_verbatim_from_env_and_flags(password):
+    # KRILL_KEYSTORE__PASSWORD is the recommended way to give the password: a value that reads as
+    # TOML (a number, a boolean, a quoted string) is still the password the user typed.
+    from_env = load_config(None, environ={"KRILL_KEYSTORE__PASSWORD": password})
+    from_flag = load_config(None, [f"keystore.password={password}"], environ={})
+    assert from_env.keystore.password.get_secret_value() == password
+    assert from_flag.keystore.password.get_secret_value() == password
+
+
+def test_overrides_are_typed_by_their_field():
+    cfg = load_config(None, ["worker.shards=[0, 2]", "explorer.use_store=false", "chain.request_timeout_s=2.5",
+                             "worker.max_contributions=16", 'chain.rpc_url="http://127.0.0.1:9"'],
+                      environ={"KRILL_CHAIN__CHAIN_ID": "31337", "KRILL_EXPLORER__HOST": "0.0.0.0"})
+    assert (cfg.worker.shards, cfg.explorer.use_store, cfg.chain.request_timeout_s) == ([0, 2], False, 2.5)
+    assert (cfg.worker.max_contributions, cfg.chain.chain_id, cfg.explorer.host) == (16, 31337, "0.0.0.0")
+    assert cfg.chain.rpc_url == "http://127.0.0.1:9"  # a TOML string literal (as `krill devnet up` writes) is unquoted
+
+
+def test_store_fields_without_type_select_the_default_local_store(tmp_path):
+    cfg = load_config(None, [f"store.path={tmp_path / 'flag'}"], environ={})
+    assert isinstance(cfg.store, LocalStoreConfig) and cfg.store.path == tmp_path / "flag"
+    cfg = load_config(None, environ={"KRILL_STORE__PATH": str(tmp_path / "env")})
+    assert isinstance(cfg.store, LocalStoreConfig) and cfg.store.path == tmp_path / "env"
+    with pytest.raises(ConfigError, match="path: Extra inputs"):
+        load_config(None, ["store.type=kubo", "store.path=/x"], environ={})
+
+
+@pytest.mark.parametrize("override, field, message", [
+    ("chain.rpc_url=banana", "chain.rpc_url", "http:// or https://"),
+    ("chain.rpc_url=http://", "chain.rpc_url", "with a host"),
+    ("database.url=nonsense", "database.url", "sqlite:///"),
+    ("database.url=mysql://h/db", "database.url", "postgresql"),
+    ("worker.shards=[-5, -5]", "worker.shards", "start at 0"),
+    ("worker.shards=[1, 1]", "worker.shards", "twice"),
+    ("coordinator.shards=[0, 0]", "coordinator.shards", "twice"),
+    ("coordinator.shards=[]", "coordinator.shards", "at least one"),
+])
+def test_nonsense_values_are_refused_naming_the_key(override, field, message):
+    with pytest.raises(ConfigError, match=rf"{re.escape(field)}: .*{re.escape(message)}"):
+        load_config(None, [override], environ={})
+
+
+@pytest.mark.parametrize("url", ["sqlite:///rel.db", "sqlite:////abs/k.db", "sqlite://", "postgresql://u@h/db",
+                                 "postgresql+psycopg://krill:s3cret@db:5432/krill"])
+def test_supported_database_urls_pass(url):
+    assert load_config(None, [f"database.url={url}"], environ={}).database.url == url
+
+
+def test_readme_config_examples_validate(tmp_path):
+    # The README's configuration examples are documentation users copy: each must load as is.
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    examples = re.findall(r"^```toml\n(.*?)^```", readme, re.S | re.M)
+    assert examples
+    for i, text in enumerate(examples):
+        path = tmp_path / f"readme-{i}.toml"
+        path.write_text(text, encoding="utf-8")
+        load_config(path, environ={})

@@ -289,3 +289,17 @@ def test_a_number_past_the_index_range_is_a_bad_request(world):
     status, data = world.client.json("/api/contributions?version=" + "9" * 20)
     assert status == 400 and "at most 9223372036854775807" in data["error"]
     assert world.client.json("/api/contributions?version=9223372036854775807")[0] == 200
+
+
+def test_search_from_a_run_page_stays_in_that_run(world):
+    # A search from /versions?run=R carries R (hidden field), so 'v1' is R's version 1, not the latest run's.
+    status, _, body = world.client.get(f"/versions?run={world.run}")
+    assert status == 200 and f'<input type="hidden" name="run" value="{world.run}">' in body
+    assert 'name="run"' not in world.client.get("/versions")[2]
+    for q, where in (("v1", "/versions/1"), ("2", "/contributions/2"), (world.forger, f"/participants/{world.forger}"),
+                     (world.evidence_digest, f"/evidence/{world.evidence_digest}")):
+        status, headers, _ = world.client.get(f"/search?q={q}&run={world.run.upper()}")
+        assert status == 303 and headers["Location"] == f"{where}?run={world.run}"
+    assert world.client.get(headers["Location"])[0] == 200
+    status, _, body = world.client.get("/search?q=v1&run=" + quote("<b>x</b>"))
+    assert status == 400 and "parameter &#39;run&#39;" in body and "<b>x" not in body
