@@ -19,7 +19,11 @@ Design decisions:
 - Views and gas estimates go straight through the provider as JSON-RPC requests (`raw_call`):
   web3's request middleware cost more CPU than the request; reverts decode the same way.
 - Resending after a transient fault is safe: the signed bytes and hence the hash are the same,
-  and "already known" from the node counts as sent.
+  and "already known" from the node counts as sent. A first send whose reply was lost (a read
+  timeout) may already be mined when it is resent, and the node then refuses the resend as
+  "nonce too low" (py-evm: "invalid transaction nonce"); the transaction is then looked up by its
+  hash and counts as sent if the node has it. If it does not, another transaction took the nonce,
+  and the refusal is raised as before.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ from krill.phases import phase
 E = TypeVar("E", bound=ChainEvent)
 IN_PROCESS_GAS_LIMIT = 10_000_000
 FEE_REUSE_S = 1.0  # how long a transactor reuses the fees it read (`Transactor._fees`)
+# How nodes refuse a transaction whose nonce a mined one used: geth and Anvil ("nonce too low"),
+# Nethermind ("OldNonce, Current nonce: 55, ..."), py-evm ("Invalid transaction nonce: Expected 1, but got 0").
+_NONCE_USED = ("nonce too low", "oldnonce", "invalid transaction nonce")
 
 
 @dataclass(frozen=True)
@@ -313,11 +320,25 @@ class Transactor:
             try:
                 return self.w3.eth.send_raw_transaction(raw)
             except Exception as exc:
-                if attempt > 1 and "already known" in str(exc).lower():
-                    return tx_hash
+                if attempt > 1:
+                    message = str(exc).lower()
+                    if "already known" in message:
+                        return tx_hash
+                    if any(marker in message for marker in _NONCE_USED) and self._known(tx_hash):
+                        return tx_hash  # the earlier send landed; only its reply was lost
                 raise
 
         return self._rpc(send, f"{what} (send)")
+
+    def _known(self, tx_hash: bytes) -> bool:
+        """Whether the node has transaction `tx_hash` (mined or pending)."""
+        from web3.exceptions import TransactionNotFound
+
+        try:
+            self.w3.eth.get_transaction(tx_hash)
+        except TransactionNotFound:
+            return False
+        return True
 
     def _failure(self, tx: dict, receipt: Any, what: str) -> ChainError:
         call = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from math import prod
 from typing import Any
 
 from krill.db.models import FetchStatus
@@ -116,12 +115,16 @@ def fetch_manifest(store, manifest_cid: str, version: int) -> Fetched:
         return data
     try:
         manifest = Manifest.from_bytes(data)
-    except PayloadError as exc:
+    except (ValueError, RecursionError) as exc:
+        # PayloadError; any other parse fault of these bytes (pydantic's ValidationError is a
+        # ValueError) is as final, and raised here it would roll back the whole chunk's results
+        # and leave the row pending, to crash every later pass the same way.
         return Fetched(FetchStatus.INVALID, f"{type(exc).__name__}: {exc}")
     if manifest.version != version:
         return Fetched(FetchStatus.INVALID, f"manifest.version: the manifest says {manifest.version}, "
                                             f"the chain published it as version {version}")
+    # Sizes and element counts fit the BIGINT columns: the manifest bounds them (`MAX_COUNT`).
     shards = [dict(shard=s.index, cid=s.cid, sha256=s.sha256, size=s.size, parameters=len(s.parameters),
-                   elements=sum(prod(p.shape) for p in s.parameters)) for s in manifest.shards]
+                   elements=s.elements) for s in manifest.shards]
     return Fetched(FetchStatus.AVAILABLE, None, dict(parent_cid=manifest.parent, num_shards=manifest.num_shards),
                    shards)

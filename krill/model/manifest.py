@@ -11,6 +11,15 @@ Design decisions:
   round-tripping representation, so they survive decode/encode unchanged.
 - Each shard lists its parameters (name, shape, dtype) so a participant can check a shard file
   before loading it and can size its work without downloading anything else.
+- Sizes, dimensions and element counts (of a parameter and of a whole shard) are at most
+  `MAX_COUNT` (2**63 - 1): the index stores them in signed 64-bit columns, and one bigger number
+  from an untrusted manifest made every indexer pass crash on the write instead of marking it
+  INVALID.
+- `from_bytes` turns every fault of parsing untrusted bytes into `PayloadError`. Nesting deeper
+  than `MAX_JSON_DEPTH` is refused before `json` sees the text: its C parser recurses once per
+  level, and with the recursion limit py_ecc sets on import (100000, it comes with web3) a
+  100000-deep bomb overflowed the C stack and killed the process instead of raising
+  `RecursionError`. An integer literal over Python's 4300-digit limit is a plain `ValueError`.
 - `version` is the model version (0 for a base model); `parent` is the CID of the previous
   version's manifest (None for a base model); `tokenizer` is the CID of the tokenizer bundle
   (see `krill.model.publish`).
@@ -20,19 +29,25 @@ Public API:
     Manifest(schema_version=1, version, parent, architecture, tokenizer, shards)
     Manifest.canonical_bytes() -> bytes;  Manifest.from_bytes(data) -> Manifest
     Manifest.shard_names(index) -> list[str];  Manifest.shard_of(name) -> int
-    MAX_MANIFEST_BYTES
+    ParameterEntry.elements, ShardEntry.elements;  MAX_MANIFEST_BYTES, MAX_JSON_DEPTH, MAX_COUNT
 """
 
 from __future__ import annotations
 
 import json
+from math import prod
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from krill.errors import PayloadError
+from krill.payload.canonical import check_depth
 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+"""Deepest nesting a manifest may have: its own structure takes 6 levels, the HF config a few more."""
+MAX_COUNT = 2**63 - 1
+"""Largest size, dimension or element count a manifest may state (a signed 64-bit column holds it)."""
 SAFETENSORS_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U8", "BOOL")
 
 
@@ -64,7 +79,14 @@ class ParameterEntry(_Strict):
     def _dims(cls, shape: list[int]) -> list[int]:
         if any(d < 0 for d in shape):
             raise ValueError("dimensions must be >= 0")
+        if any(d > MAX_COUNT for d in shape) or prod(shape) > MAX_COUNT:
+            raise ValueError(f"dimensions and their product must be at most 2**63 - 1 ({MAX_COUNT})")
         return shape
+
+    @property
+    def elements(self) -> int:
+        """Number of values in the tensor."""
+        return prod(self.shape)
 
 
 class ShardEntry(_Strict):
@@ -73,13 +95,25 @@ class ShardEntry(_Strict):
     index: int = Field(ge=0, le=4095)
     cid: str
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=MAX_COUNT)
     parameters: list[ParameterEntry] = Field(min_length=1)
 
     @field_validator("cid")
     @classmethod
     def _cid(cls, value: str) -> str:
         return _check_cid(value)
+
+    @field_validator("parameters")
+    @classmethod
+    def _elements(cls, parameters: list[ParameterEntry]) -> list[ParameterEntry]:
+        if sum(p.elements for p in parameters) > MAX_COUNT:
+            raise ValueError(f"the shard's parameters hold more than 2**63 - 1 ({MAX_COUNT}) elements")
+        return parameters
+
+    @property
+    def elements(self) -> int:
+        """Number of values in all the shard's tensors."""
+        return sum(p.elements for p in self.parameters)
 
 
 class Manifest(_Strict):
@@ -140,9 +174,14 @@ class Manifest(_Strict):
         if len(data) > MAX_MANIFEST_BYTES:
             raise PayloadError(f"{len(data)} bytes exceeds {MAX_MANIFEST_BYTES}", field="manifest")
         try:
-            raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PayloadError(f"not UTF-8 JSON ({exc})", field="manifest") from None
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PayloadError(f"not UTF-8 ({exc})", field="manifest") from None
+        check_depth(text, MAX_JSON_DEPTH, "manifest")
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:  # JSONDecodeError, or an integer literal over 4300 digits
+            raise PayloadError(f"not JSON ({exc})", field="manifest") from None
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:

@@ -271,7 +271,9 @@ class _Child:
 def _leaf(chunk: bytes, version: int) -> tuple[_Child, bytes]:
     if version == 1:
         return _Child(_cid_for(RAW, chunk, 1), len(chunk), len(chunk)), chunk
-    block = encode_dag_pb([], encode_unixfs(UNIXFS_FILE, chunk, len(chunk), []))
+    # Go leaves the Data field out when it is empty, not `12 00`: the empty file is the block
+    # `0a0408021800`, QmbFMke1KXqnYyBBWxB74N4c5SBnJMVAiMNRcGu6x1AwQH, as `ipfs add` names it.
+    block = encode_dag_pb([], encode_unixfs(UNIXFS_FILE, chunk or None, len(chunk), []))
     return _Child(_cid_for(DAG_PB, block, 0), len(block), len(chunk)), block
 
 

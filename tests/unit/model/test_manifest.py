@@ -47,6 +47,12 @@ def test_canonical_encoding_is_stable():
     (lambda d: d["shards"][0]["parameters"][0].update(shape=[-1]), "shape"),
     (lambda d: d["shards"][0]["parameters"].append(dict(d["shards"][0]["parameters"][0])), "more than one"),
     (lambda d: d.update(shards=[]), "shards"),
+    # the index stores sizes and element counts in signed 64-bit columns
+    (lambda d: d["shards"][0].update(size=2**63), "manifest.shards.0.size"),
+    (lambda d: d["shards"][0]["parameters"][0].update(shape=[2**63]), "manifest.shards.0.parameters.0.shape"),
+    (lambda d: d["shards"][0]["parameters"][0].update(shape=[2**32, 2**31]), "manifest.shards.0.parameters.0.shape"),
+    (lambda d: d["shards"][0]["parameters"].append(dict(name="b", shape=[2**63 - 6], dtype="F32")),
+     "manifest.shards.0.parameters: .*elements"),
 ])
 def test_strict_decoding_names_the_field(mutate, field):
     raw = json.loads(_manifest().canonical_bytes())
@@ -60,3 +66,23 @@ def test_rejects_non_json_and_oversize():
         Manifest.from_bytes(b"\xff")
     with pytest.raises(PayloadError, match="exceeds"):
         Manifest.from_bytes(b" " * (16 * 1024 * 1024 + 1))
+
+
+def test_counts_up_to_the_int64_bound_are_accepted():
+    raw = json.loads(_manifest().canonical_bytes())
+    raw["shards"][0].update(size=2**63 - 1)
+    raw["shards"][0]["parameters"].append(dict(name="b", shape=[2**63 - 7], dtype="F32"))  # 6 + this = 2**63 - 1
+    m = Manifest.from_bytes(json.dumps(raw).encode())
+    assert m.shards[0].size == 2**63 - 1
+    assert m.shards[0].elements == 2**63 - 1 and m.shards[0].parameters[0].elements == 6
+
+
+def test_json_the_parser_cannot_take_is_a_payload_error():
+    """Bombs are refused before `json` recurses (with web3 imported the recursion limit is 100000,
+    and a 100000-deep array overflowed the C stack: a segfault, not a RecursionError)."""
+    with pytest.raises(PayloadError, match="manifest: nesting deeper than 32"):
+        Manifest.from_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(PayloadError, match="manifest: not JSON .*4300 digits"):
+        Manifest.from_bytes(b'{"version":' + b"1" * 5000 + b"}")
+    deep_config = _manifest(architecture={"text_config": {"rope_scaling": {"factor": 8}}})
+    assert Manifest.from_bytes(deep_config.canonical_bytes()) == deep_config

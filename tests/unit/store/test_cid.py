@@ -23,6 +23,7 @@ aleph_cid = pytest.importorskip("aleph_cid")
 
 HELLO_V1 = "bafkreifjjcie6lypi6ny7amxnfftagclbuxndqonfipmb64f2km2devei4"
 HELLO_V0 = "QmT78zSuBmuS4z925WZfrqQ1qHaJ56DQaTfyMUF7F8ff5o"
+EMPTY_V0 = "QmbFMke1KXqnYyBBWxB74N4c5SBnJMVAiMNRcGu6x1AwQH"  # `ipfs add` of an empty file
 
 
 def reference_cid(data: bytes) -> str:
@@ -37,6 +38,16 @@ def test_known_kubo_cids():
     assert digest_to_cid(hashlib.sha256(b"hello world\n").digest()) == HELLO_V1
     assert [c for c, _ in build_file_dag(b"hello world\n", cid_version=0)] == [HELLO_V0]
     assert file_cid(b"") == "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+    # Kubo leaves an empty UnixFS Data field out rather than writing it empty (`12 00`)
+    assert list(build_file_dag(b"", cid_version=0)) == [(EMPTY_V0, bytes.fromhex("0a0408021800"))]
+
+
+@pytest.mark.parametrize("size", [0, 1, 12, CHUNK_SIZE, CHUNK_SIZE + 1, 3 * CHUNK_SIZE + 17])
+def test_cid_v0_matches_independent_implementation(size):
+    data = random.Random(size).randbytes(size)
+    hasher = aleph_cid.CidHasher.for_ipfs()  # plain `ipfs add`: CIDv0, dag-pb leaves
+    hasher.update(data)
+    assert list(build_file_dag(data, cid_version=0))[-1][0] == hasher.finalize()
 
 
 def test_digest_round_trip():

@@ -19,9 +19,10 @@ import pytest
 
 from krill.errors import ContentNotFoundError, IntegrityError, StoreError, StoreUnavailableError
 from krill.store.base import ObjectTooLargeError
-from krill.store.cid import CHUNK_SIZE, file_cid, raw_block_cid
+from krill.store.cid import CHUNK_SIZE, file_cid, normalize_cid, raw_block_cid
 from krill.store.kubo import KuboStore
 from krill.store.local import LocalStore
+from krill.store.unixfs import build_file_dag
 
 
 class KuboLikeHandler(BaseHTTPRequestHandler):
@@ -70,9 +71,12 @@ class KuboLikeHandler(BaseHTTPRequestHandler):
                 cid = self.store.put_block(data)
                 self._reply(200, json.dumps({"Key": cid, "Size": len(data)}).encode())
             elif command in ("cat", "block/get"):
-                data = self.store.get(params["arg"])
-                if command == "cat" and "length" in params:
-                    data = data[:int(params["length"])]
+                if command == "cat":
+                    data = self.store.get(params["arg"])
+                    if "length" in params:
+                        data = data[:int(params["length"])]
+                else:  # one block's bytes, as stored (a dag-pb node is not its file's content)
+                    data = self.store._read_block(params["arg"])
                 if self.tamper:
                     data = data[:-1] + bytes([data[-1] ^ 1])
                 self._reply(200, data, "text/plain")
@@ -155,6 +159,29 @@ def test_answers_are_verified(kubo):
         store.get(cid)
     with pytest.raises(IntegrityError):
         store.get(block)
+
+
+@pytest.mark.parametrize("size", [0, 12, 2 * CHUNK_SIZE + 5])
+def test_cid_v0_content_from_plain_ipfs_add_is_read_and_verified(kubo, size):
+    """A CIDv0 DAG (dag-pb leaves) does not rebuild as Krill's CIDv1 raw-leaves DAG from its bytes;
+    it is walked block by block instead, each block checked against its CID."""
+    store, handler = kubo
+    data = random.Random(size).randbytes(size)
+    blocks = list(build_file_dag(data, cid_version=0))  # what plain `ipfs add` stores
+    for cid, block in blocks:
+        handler.store._write_block(cid, block)
+    root = blocks[-1][0]
+    assert root.startswith("Qm")
+    assert store.get(root) == data
+    walked = [p["arg"] for c, p in handler.seen if c == "block/get"]
+    assert len(walked) == len(blocks) and set(walked) == {normalize_cid(c) for c, _ in blocks}
+    if size:
+        handler.tamper = True
+        with pytest.raises(IntegrityError, match="does not hash to"):
+            store.get(root)
+        handler.tamper = False
+        with pytest.raises(ObjectTooLargeError):
+            store.get(root, max_bytes=size - 1)
 
 
 def test_caps_and_errors(kubo):

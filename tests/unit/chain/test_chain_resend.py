@@ -1,0 +1,68 @@
+"""Resending after a lost reply: a transaction that landed counts as sent, whatever the node says to the resend."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from web3.exceptions import Web3RPCError
+
+from krill.chain.rpc import RetryPolicy, connect_in_process, dev_account
+from krill.chain.tx import Transactor
+
+RETRY = RetryPolicy(attempts=3, initial_delay_s=0.0)
+
+
+def _transfer(params: dict) -> dict:
+    return {**params, "to": dev_account(1).address, "value": 1}
+
+
+@pytest.mark.parametrize("refusal", ["py-evm", "anvil"])
+def test_a_resend_refused_for_its_nonce_counts_as_sent_when_the_first_send_landed(monkeypatch, refusal):
+    """The first send reaches the node and is mined, but its reply is lost (a read timeout, retried as
+    transient); the resend is refused because the nonce is used: by this very transaction."""
+    w3 = connect_in_process(accounts=2)
+    tx = Transactor(w3, dev_account(0), retry=RETRY)
+    real = w3.eth.send_raw_transaction
+    sends = []
+
+    def reply_lost_once(raw):
+        sends.append(raw)
+        if len(sends) == 1:
+            real(raw)  # reaches the node and is mined
+            raise requests.ReadTimeout("read timed out")
+        if refusal == "anvil":  # what Anvil (and geth) answer, through web3
+            raise Web3RPCError("{'code': -32003, 'message': 'nonce too low'}")
+        return real(raw)  # py-evm's own refusal: "Invalid transaction nonce: Expected 1, but got 0"
+
+    monkeypatch.setattr(w3.eth, "send_raw_transaction", reply_lost_once)
+    before = w3.eth.get_balance(dev_account(1).address)
+    receipt = tx._send(_transfer, "transfer")
+    assert len(sends) == 2 and sends[0] == sends[1]
+    assert receipt.gas_used == 21_000 and w3.eth.get_transaction(receipt.transaction_hash)["nonce"] == 0
+    assert w3.eth.get_balance(dev_account(1).address) == before + 1  # sent once
+    assert tx.nonces.take(w3, dev_account(0).address, RETRY) == 1  # the book moved on; nothing was forgotten
+
+
+def test_a_resend_refused_for_a_nonce_another_transaction_used_still_fails(monkeypatch):
+    """The first send never arrived, and meanwhile another transaction of the account took the nonce:
+    the resend's refusal is an error, as before."""
+    w3 = connect_in_process(accounts=2)
+    sender = dev_account(0)
+    tx = Transactor(w3, sender, retry=RETRY)
+    real = w3.eth.send_raw_transaction
+    sends = []
+
+    def lost_while_another_lands(raw):
+        sends.append(raw)
+        if len(sends) == 1:
+            fields = {"from": sender.address, "to": sender.address, "value": 0, "gas": 21_000, "nonce": 0,
+                      "chainId": w3.eth.chain_id, "maxFeePerGas": 10**10, "maxPriorityFeePerGas": 10**9}
+            real(sender.sign_transaction(fields).raw_transaction)
+            raise requests.ReadTimeout("read timed out")
+        return real(raw)
+
+    monkeypatch.setattr(w3.eth, "send_raw_transaction", lost_while_another_lands)
+    with pytest.raises(Exception, match="(?i)nonce"):
+        tx._send(_transfer, "transfer")
+    assert len(sends) == 2
+    assert tx.nonces._next == {}  # forgotten: the next send reads the nonce from the chain again
