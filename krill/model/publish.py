@@ -97,10 +97,9 @@ def bundle_files(files: dict[str, bytes]) -> bytes:
 
 def unbundle_files(data: bytes) -> dict[str, bytes]:
     """The files of a bundle, validated (names, sizes, encoding)."""
-    try:
-        raw = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PayloadError(f"not UTF-8 JSON ({exc})", field="bundle") from None
+    from krill.payload.canonical import loads_bounded
+
+    raw = loads_bounded(data, 4, "bundle")  # {"files": {name: base64}} is two levels deep
     if not isinstance(raw, dict) or raw.get("format") != BUNDLE_FORMAT or raw.get("schema_version") != 1:
         raise PayloadError("expected a krill-files bundle, schema_version 1", field="bundle.format")
     if set(raw) != {"format", "schema_version", "files"} or not isinstance(raw["files"], dict):

@@ -124,6 +124,20 @@ def check_depth(text: str, max_depth: int, field: str) -> None:
         raise MalformedPayloadError(f"nesting deeper than {max_depth}", field=field)
 
 
+def loads_bounded(text: str | bytes, max_depth: int, field: str) -> Any:
+    """`json.loads` of untrusted text that is not canonical JSON (safetensors metadata, bundles):
+    nesting past `max_depth` is refused before the parser sees it (its C code recurses once per
+    level, and under web3's raised recursion limit a deep enough document overflows the C stack
+    instead of raising), and every parse fault is a `MalformedPayloadError` naming `field`."""
+    try:
+        if isinstance(text, bytes | bytearray | memoryview):
+            text = bytes(text).decode("utf-8", errors="strict")
+        check_depth(text, max_depth, field)
+        return json.loads(text)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise MalformedPayloadError(f"not valid JSON: {str(exc)[:120]}", field=field) from None
+
+
 def parse_canonical(data: bytes, max_bytes: int, field: str = "json") -> Any:
     """Decode canonical JSON of at most `max_bytes`; refuse anything not in canonical form."""
     if not isinstance(data, bytes | bytearray | memoryview):

@@ -30,6 +30,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from krill.errors import PayloadError
+from krill.payload.canonical import loads_bounded
 from krill.rl.compression import CompressionConfig, flat_indices, mask_size
 
 MASKS_FORMAT = "krill-masks/1"
@@ -55,7 +56,8 @@ def decode_masks(blob: bytes, shapes: dict[str, torch.Size], config: Compression
     try:
         tensors = st_load(blob)
         size = int.from_bytes(blob[:8], "little")
-        meta = json.loads(json.loads(blob[8:8 + size]).get("__metadata__", {}).get(_META_KEY, "{}"))
+        header = loads_bounded(blob[8:8 + size], 4, "masks")  # safetensors read it already
+        meta = loads_bounded(header.get("__metadata__", {}).get(_META_KEY, "{}"), 4, "masks")
     except Exception as exc:  # safetensors raises its own error type for malformed headers
         raise PayloadError(f"not a safetensors mask blob: {exc}", field="masks") from None
     if not isinstance(meta, dict) or meta.get("format") != MASKS_FORMAT:

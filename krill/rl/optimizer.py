@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from krill.errors import KrillError
+from krill.errors import KrillError, PayloadError
+from krill.payload.canonical import loads_bounded
 
 
 class OptimizerError(KrillError, ValueError):
@@ -120,7 +121,8 @@ def _metadata(blob: bytes) -> dict[str, str]:
     """Our metadata of a state blob (safetensors header: 8-byte little-endian length, then JSON)."""
     try:
         size = int.from_bytes(blob[:8], "little")
-        meta = json.loads(json.loads(blob[8:8 + size]).get("__metadata__", {}).get(_META_KEY, "{}"))
-    except (ValueError, AttributeError, TypeError):
+        header = loads_bounded(blob[8:8 + size], 4, "optimizer state")
+        meta = loads_bounded(header.get("__metadata__", {}).get(_META_KEY, "{}"), 4, "optimizer state")
+    except (PayloadError, ValueError, AttributeError, TypeError):
         raise OptimizerError("optimizer state: unreadable metadata") from None
     return meta if isinstance(meta, dict) else {}
