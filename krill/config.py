@@ -38,6 +38,7 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from krill.errors import ConfigError
@@ -236,6 +237,12 @@ class ExplorerConfig(_Section):
     audit_report: Path | None = Field(None, description="`krill audit --json` output (or a demo summary.json) "
                                       "whose per-version results the pages show; re-read when it changes.")
     use_store: bool = Field(True, description="Read aggregation records, evidence and headers from the store.")
+
+    @model_validator(mode="after")
+    def _default_page_fits(self) -> ExplorerConfig:
+        if self.page_size > self.max_page_size:
+            raise ValueError(f"page_size {self.page_size} is over max_page_size {self.max_page_size}")
+        return self
 
 
 class KrillConfig(_Section):

@@ -116,6 +116,7 @@ def test_store_fields_without_type_select_the_default_local_store(tmp_path):
     ("worker.shards=[1, 1]", "worker.shards", "twice"),
     ("coordinator.shards=[0, 0]", "coordinator.shards", "twice"),
     ("coordinator.shards=[]", "coordinator.shards", "at least one"),
+    ("explorer.page_size=500", "explorer", "page_size 500 is over max_page_size 200"),
 ])
 def test_nonsense_values_are_refused_naming_the_key(override, field, message):
     with pytest.raises(ConfigError, match=rf"{re.escape(field)}: .*{re.escape(message)}"):
