@@ -67,6 +67,10 @@ def _check_cid(value: str) -> str:
     return value
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (a manifest must re-encode as canonical JSON)")
+
+
 class ParameterEntry(_Strict):
     """One tensor of a shard."""
 
@@ -179,8 +183,8 @@ class Manifest(_Strict):
             raise PayloadError(f"not UTF-8 ({exc})", field="manifest") from None
         check_depth(text, MAX_JSON_DEPTH, "manifest")
         try:
-            raw = json.loads(text)
-        except ValueError as exc:  # JSONDecodeError, or an integer literal over 4300 digits
+            raw = json.loads(text, parse_constant=_no_constant)
+        except ValueError as exc:  # JSONDecodeError, NaN / Infinity, or an integer literal over 4300 digits
             raise PayloadError(f"not JSON ({exc})", field="manifest") from None
         try:
             return cls.model_validate(raw)

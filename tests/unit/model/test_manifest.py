@@ -84,5 +84,9 @@ def test_json_the_parser_cannot_take_is_a_payload_error():
         Manifest.from_bytes(b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(PayloadError, match="manifest: not JSON .*4300 digits"):
         Manifest.from_bytes(b'{"version":' + b"1" * 5000 + b"}")
+    text = _manifest(architecture={"rope_theta": 1.5}).canonical_bytes()
+    for constant in (b"NaN", b"Infinity", b"-Infinity"):
+        with pytest.raises(PayloadError, match=f"manifest: not JSON .*{constant.decode()} is not a JSON number"):
+            Manifest.from_bytes(text.replace(b"1.5", constant))
     deep_config = _manifest(architecture={"text_config": {"rope_scaling": {"factor": 8}}})
     assert Manifest.from_bytes(deep_config.canonical_bytes()) == deep_config
