@@ -6,8 +6,17 @@ Design decisions:
 - The contract is the last word on "once per verifier": an `AttestationDuplicate` revert means an
   earlier run of this verifier attested (crashed before recording it), which is success, and the
   chain's verdict is what gets recorded. `AttestationWindowClosed` means the work came too late:
-  the commit is recorded as missed, nothing is lost on-chain. Other reverts (for instance this
+  the commit is recorded as missed, nothing is lost on-chain. `AttestationLimitReached` means the
+  contract already holds its cap of verdicts with this outcome (passes and failures are capped
+  separately, so a failure always has room until 32 failures are in): also recorded as missed,
+  with that reason. Other reverts (for instance this
   verifier is no longer eligible) are not tolerated: they surface to the user.
+- Passing faults propagate (a store that fails the evidence upload; web3's `TimeExhausted`, a
+  transaction whose receipt never came): the loop retries the commit (`loop.transient_faults`)
+  with the verdict it already has, and asks the contract first whether this verifier's
+  attestation landed after all, so a retry never attests twice (and if one is sent anyway, it
+  reverts with `AttestationDuplicate`, which is success above). The evidence document is the same
+  bytes on every try, so its CID and digest are too.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ class Who:
 class Attestation:
     """What happened to one verdict."""
 
-    status: str  # "attested" | "duplicate" | "window_closed"
+    status: str  # "attested" | "duplicate" | "window_closed" | "limit_reached"
     ok: bool
     evidence_cid: str | None
     tx_hash: str | None
@@ -66,4 +75,6 @@ def attest(chain, store, spec, who: Who, job: Job, randomness: bytes, result: Re
         return Attestation("duplicate", bool(earlier.ok), None, None)
     except E.AttestationWindowClosed:
         return Attestation("window_closed", result.ok, cid, None)
+    except E.AttestationLimitReached:  # 32 verifiers already attested this outcome: ours adds nothing
+        return Attestation("limit_reached", result.ok, cid, None)
     return Attestation("attested", result.ok, cid, receipt.transaction_hash)

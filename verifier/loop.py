@@ -17,8 +17,16 @@ Design decisions:
   to `max_backoff_s`; a worker payload that cannot be fetched is retried per commit with its own
   back-off until the last quarter of the window, then attested as unavailable; run data that
   cannot be loaded is retried and, if the window closes, recorded as missed (never the
-  worker's fault). A bug while handling one commit is recorded as `error` for that commit and
-  the loop goes on; losing eligibility to attest stops the loop with the contract's reason.
+  worker's fault). A passing fault while handling a commit (`transient_faults`: a transaction
+  whose receipt never came, from a seal or the attestation; any store error, such as Kubo timing
+  out on the evidence upload, which it reports as `ContentNotFoundError`, or an HTTP 5xx) is
+  retried for that commit with the same back-off while its window lasts, then recorded as
+  missed with the fault as the reason. The replay's verdict is kept meanwhile, so a retry does
+  not replay again, and an attestation whose transaction landed after all is found on-chain by
+  the check before attesting (or, the window closed meanwhile, by one before recording it as
+  missed) and recorded as attested. Any other error while handling one commit is a bug, recorded
+  as `error` for that commit, and the loop goes on; losing eligibility to attest stops the loop
+  with the contract's reason.
 """
 
 from __future__ import annotations
@@ -29,13 +37,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from krill.chain import errors as E
-from krill.errors import ChainUnavailableError, StoreUnavailableError
+from krill.errors import ChainUnavailableError, StoreError, StoreUnavailableError
 from krill.verifier import select
 from krill.verifier.attest import Who, attest
-from krill.verifier.replay import PayloadUnavailable, Replayer, RunDataUnavailable, unavailable_result
+from krill.verifier.replay import (
+    PayloadUnavailable,
+    Replayer,
+    ReplayResult,
+    RunDataUnavailable,
+    unavailable_result,
+)
 from krill.verifier.state import ATTESTED, ERROR, MISSED, SKIPPED, Job, VerifierState
 
 UNREACHABLE = (ChainUnavailableError, StoreUnavailableError, OSError)
+
+
+def transient_faults() -> tuple[type[BaseException], ...]:
+    """Faults that pass: retried for the commit while its window lasts, never recorded as `error`."""
+    from web3.exceptions import TimeExhausted
+
+    return (TimeExhausted, StoreError)
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,8 @@ class VerifierLoop:
         self.attested = 0
         self._retry_at: dict[int, tuple[float, float]] = {}  # commit id -> (next try, current delay)
         self._waiting_since: dict[int, float] = {}  # commit id -> when it first waited for randomness
+        self._faults: dict[int, str] = {}  # commit id -> the last passing fault met while handling it
+        self._verdicts: dict[int, tuple[bytes, ReplayResult]] = {}  # commit id -> (randomness, its replay)
         cursor = state.cursor()
         if cursor is None:
             created = chain.run_of(spec.run_id).created_block
@@ -100,16 +123,41 @@ class VerifierLoop:
                 raise
             except E.StakeNotEligible:
                 raise
+            except transient_faults() as exc:
+                fault = f"{type(exc).__name__}: {exc}"[:300]
+                self._faults[job.commit_id] = fault
+                self._retry_later(job, fault, announce=True)
             except Exception as exc:  # noqa: BLE001 - one commit's bug must not stop the verifier; recorded
-                self.state.finish(job.commit_id, ERROR, reason=f"{type(exc).__name__}: {exc}"[:500])
+                self._finish(job, ERROR, reason=f"{type(exc).__name__}: {exc}"[:500])
                 self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  ERROR (not attested): "
                           f"{type(exc).__name__}: {exc}")
         return self.attested - before
 
+    def _finish(self, job: Job, status: str, **decision) -> None:
+        """Record the final decision on `job` and forget what was kept for its retries."""
+        self.state.finish(job.commit_id, status, **decision)
+        for kept in (self._retry_at, self._waiting_since, self._faults, self._verdicts):
+            kept.pop(job.commit_id, None)
+
+    def _found_on_chain(self, job: Job, why: str) -> bool:
+        """Record `job` as attested if this verifier's attestation of it is on-chain."""
+        earlier = self.chain.attestation_of(job.commit_id, self.who.address)
+        if not earlier.exists:
+            return False
+        self._finish(job, ATTESTED, ok=bool(earlier.ok), reason=why)
+        self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  already attested "
+                  f"{'PASS' if earlier.ok else 'FAIL'} on-chain; recorded")
+        return True
+
     def _handle(self, job: Job, reads: PassReads) -> None:
         head = reads.head()
         if not select.can_still_attest(head, job.commit_block, self.window):
-            self.state.finish(job.commit_id, MISSED, reason="challenge window closed before a verdict")
+            fault = self._faults.get(job.commit_id)
+            # An attestation sent before a passing fault (its receipt never came) may have landed after all.
+            if fault is not None and self._found_on_chain(job, "found on chain (sent before a passing fault)"):
+                return
+            self._finish(job, MISSED, reason="challenge window closed before a verdict"
+                         + (f" (last fault: {fault})" if fault is not None else ""))
             return
         hashed = reads.block_randomness(job.commit_block)
         if hashed is None:
@@ -119,15 +167,14 @@ class VerifierLoop:
         if hashed is None:
             return  # the block after the commit does not exist yet
         if not select.drawn(hashed, job.commit_id, self.who.key, self.spec.chain.check_probability_ppm):
-            self._waiting_since.pop(job.commit_id, None)
-            self.state.finish(job.commit_id, SKIPPED, reason=f"not selected (drawn on the hash of block "
-                                                             f"{job.commit_block + 1}, not sealed)")
+            self._finish(job, SKIPPED, reason=f"not selected (drawn on the hash of block {job.commit_block + 1}, "
+                                              "not sealed)")
             return
         reads.moved()  # what follows sends transactions or replays: the next commit reads the head again
         try:
             randomness = select.ensure_randomness(self.chain, job.commit_id, job.commit_block, head)
         except E.RandomnessExpired:
-            self.state.finish(job.commit_id, MISSED, reason="randomness block expired before it was sealed")
+            self._finish(job, MISSED, reason="randomness block expired before it was sealed")
             return
         if randomness is None:
             randomness = self._devnet_randomness(job)
@@ -135,41 +182,44 @@ class VerifierLoop:
             return  # a seal needs one more block
         self._waiting_since.pop(job.commit_id, None)
         if not select.is_selected(self.chain, job.commit_id, self.who.key):
-            self.state.finish(job.commit_id, SKIPPED, reason="not selected by the sealed randomness")
+            self._finish(job, SKIPPED, reason="not selected by the sealed randomness")
             return
-        earlier = self.chain.attestation_of(job.commit_id, self.who.address)
-        if earlier.exists:
-            self.state.finish(job.commit_id, ATTESTED, ok=bool(earlier.ok), reason="found on chain (earlier run)")
-            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  already attested "
-                      f"{'PASS' if earlier.ok else 'FAIL'} on-chain; recorded")
+        if self._found_on_chain(job, "found on chain (earlier run)" if job.commit_id not in self._faults
+                                else "found on chain (sent before a passing fault)"):
             return
         started = time.perf_counter()
-        try:
-            result = self.replayer.replay(job, randomness)
-        except PayloadUnavailable as exc:
-            head = self.chain.block_number()
-            if head < select.unavailable_after(job.commit_block, self.window):
-                self._retry_later(job, f"payload not available yet ({exc})")
+        kept = self._verdicts.get(job.commit_id)
+        if kept is not None and kept[0] == randomness:  # replayed before a passing fault stopped its attestation
+            result = kept[1]
+        else:
+            try:
+                result = self.replayer.replay(job, randomness)
+            except PayloadUnavailable as exc:
+                head = self.chain.block_number()
+                if head < select.unavailable_after(job.commit_block, self.window):
+                    self._retry_later(job, f"payload not available yet ({exc})")
+                    return
+                result = unavailable_result(f"unavailable until block {head}: {exc}", time.perf_counter() - started)
+            except RunDataUnavailable as exc:
+                self._retry_later(job, f"run data not available ({exc}); retrying")
                 return
-            result = unavailable_result(f"unavailable until block {head}: {exc}", time.perf_counter() - started)
-        except RunDataUnavailable as exc:
-            self._retry_later(job, f"run data not available ({exc}); retrying")
-            return
-        self._retry_at.pop(job.commit_id, None)
+            self._verdicts[job.commit_id] = (randomness, result)
+            self._retry_at.pop(job.commit_id, None)  # replayed: the payload's back-off is over
         head = self.chain.block_number()
         if not select.can_still_attest(head, job.commit_block, self.window):
-            self.state.finish(job.commit_id, MISSED, ok=result.ok, reason="replay finished after the window closed")
+            self._finish(job, MISSED, ok=result.ok, reason="replay finished after the window closed")
             self.echo(_line(job, result, time.perf_counter() - started, "missed the window, not attested"))
             return
         outcome = attest(self.chain, self.store, self.spec, self.who, job, randomness, result)
-        if outcome.status == "window_closed":
-            self.state.finish(job.commit_id, MISSED, ok=result.ok, reason="window closed while attesting",
-                              evidence_cid=outcome.evidence_cid)
-            self.echo(_line(job, result, time.perf_counter() - started, "missed the window, not attested"))
+        if outcome.status in ("window_closed", "limit_reached"):
+            why = ("window closed while attesting" if outcome.status == "window_closed"
+                   else "the contract already holds its cap of attestations with this outcome")
+            self._finish(job, MISSED, ok=result.ok, reason=why, evidence_cid=outcome.evidence_cid)
+            self.echo(_line(job, result, time.perf_counter() - started, f"not attested: {why}"))
             return
         note = "found on chain (earlier run)" if outcome.status == "duplicate" else result.reason
-        self.state.finish(job.commit_id, ATTESTED, ok=outcome.ok, reason=note, evidence_cid=outcome.evidence_cid,
-                          tx_hash=outcome.tx_hash)
+        self._finish(job, ATTESTED, ok=outcome.ok, reason=note, evidence_cid=outcome.evidence_cid,
+                     tx_hash=outcome.tx_hash)
         if outcome.status == "attested":
             self.attested += 1
         self.echo(_line(job, result, time.perf_counter() - started,
@@ -184,11 +234,14 @@ class VerifierLoop:
             return None
         return self.chain.seal_randomness_now(job.commit_id)
 
-    def _retry_later(self, job: Job, why: str) -> None:
+    def _retry_later(self, job: Job, why: str, announce: bool = False) -> None:
+        """Try `job` again after a doubling delay; say why the first time (every time if `announce`)."""
         _, delay = self._retry_at.get(job.commit_id, (0.0, 0.0))
-        if delay == 0.0:
-            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  waiting: {why}")
+        first = delay == 0.0
         delay = min(self.settings.max_backoff_s, max(self.settings.payload_retry_s, delay * 2))
+        if first or announce:
+            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  waiting: {why}"
+                      + (f"; retrying in {delay:.1f}s" if announce else ""))
         self._retry_at[job.commit_id] = (time.monotonic() + delay, delay)
 
     # ------------------------------------------------------------------ the loop

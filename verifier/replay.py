@@ -16,7 +16,10 @@ Design decisions:
 - Whose fault: a worker payload that cannot be fetched raises `PayloadUnavailable` (the loop
   retries, and attests "unavailable" only near the end of the window); a version, tokenizer or
   shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
-  never attested). Errors that untrusted input can provoke (`PayloadError`, `EngineError`,
+  never attested), whatever the reason: a store fault, or a manifest, record, shard or mask blob
+  that fails to parse (`PayloadError`, `ModelError`). Such an error raised while a stage first
+  loads a version (the behaviour version's engine in `resample`) would otherwise be caught there
+  as the worker's. Errors that untrusted input can provoke (`PayloadError`, `EngineError`,
   `GradientError`, `TaskError`) fail the stage with their field; anything else is a bug and
   propagates.
 - Cost (issue 8 compares it with the worker's): version states, models, engines and the
@@ -91,8 +94,10 @@ class Policies:
     def _load(self, what: str, fn: Callable):
         try:
             return fn()
-        except (ContentNotFoundError, StoreUnavailableError, IntegrityError, ModelError) as exc:
-            raise RunDataUnavailable(f"{what}: {exc}") from exc
+        except RunDataUnavailable:
+            raise
+        except (StoreError, ModelError, PayloadError) as exc:  # the run's data, never the worker's
+            raise RunDataUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
     def state(self, version: int):
         from krill.protocol.state import load_chain_version
@@ -232,6 +237,7 @@ class Replayer:
     def replay(self, job: Job, randomness: bytes) -> ReplayResult:
         """Every check on `job`, cheapest first; raises PayloadUnavailable / RunDataUnavailable to retry."""
         from krill.payload.contribution import ExpectedContext
+        from krill.protocol.work import run_codec
         from krill.store.cid import digest_to_cid
 
         spec, limits, run = self.spec, self.spec.limits, _Run()
@@ -239,9 +245,13 @@ class Replayer:
         from web3 import Web3
 
         staked_key = self.chain.stake_of(Web3.to_checksum_address(job.worker)).ed25519_public_key
+        # Everything the header must name is what its commit put on-chain (worker, version, nonce, digest) or
+        # the run fixed (codec): a header that names anything else fails `signature` (`payload` for the
+        # codec), the worker's fault, since only the worker commits under its own address.
         context = ExpectedContext(run_id=spec.run_id.hex(), chain_id=self.chain_id, contract=self.contract,
                                   worker=job.worker.lower(), ed25519_key=staked_key.hex(), model_version=job.version,
-                                  manifest_cid=learner_state.manifest_cid, digest=job.header_digest)
+                                  manifest_cid=learner_state.manifest_cid, digest=job.header_digest,
+                                  nonce=job.nonce, **run_codec(spec))
         header_bytes = None
         fetch_started = time.perf_counter()
         try:

@@ -23,7 +23,18 @@ Design decisions:
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
   rule and race the chain anyway.
-- Unreachable chain or store: every network call goes through `Backoff`, which waits and retries.
+- Unreachable chain or store: every network call goes through `Backoff`, which waits and retries;
+  fetching a published version also waits for content the store does not deliver yet, and an
+  upload retries a store that fails it (a timeout, an HTTP 5xx).
+- A published version that does not decode is skipped (`RunSource.mark_broken` logs it once): the
+  contribution samples or learns at the newest version before it that loads, no further back than
+  the staleness bound allows, and if none does, the worker waits for a newer version.
+- A contribution the chain will never take under its digest is logged and dropped, and the worker
+  goes on with its next nonce (the saved one was made durable as used): `front-run` when another
+  account committed the same header digest first (it is public in the mempool; the header names
+  this worker, so verifiers fail that commit), `nonce-reused` when this worker already committed
+  this (version, nonce) under another digest (a state that lost its nonce sequence). Stopping on
+  either left the contribution pending, and every restart stopped on it again.
 """
 
 from __future__ import annotations
@@ -32,16 +43,19 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TypeVar
 
 from krill.phases import current, phase, recording
 from krill.protocol.spec import RunSpec
 from krill.worker.backoff import Backoff
 from krill.worker.behaviors import Behavior
-from krill.worker.errors import JailedError, NotStakedError, WorkerStateError
+from krill.worker.errors import BrokenVersionError, JailedError, NotStakedError, WorkerStateError
 from krill.worker.nonce_state import Pending, WorkerState
-from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource
+from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource, undecodable
 
 COMMITTED, STALE, ROLLOUTS_STALE = "committed", "stale", "rollouts-stale"
+FRONT_RUN, NONCE_REUSED = "front-run", "nonce-reused"  # contributions the chain will never take (see above)
+T = TypeVar("T")
 
 
 @dataclass
@@ -177,8 +191,22 @@ class Contributor:
         if b is None:
             b = self.newest()
         with phase("fetch_version"):
-            engine = self.backoff.call(lambda: self.behaviour.at(b), f"version {b} (behaviour)")
-        tok, task = self.source.tokenizer, self.source.task
+            waited_at = None  # the newest version while none within S_max of it loads (said once per version)
+            while True:
+                try:
+                    b, engine = self._loadable(b, self.behaviour.at, "behaviour",
+                                               max(0, b - self.spec.staleness.max_staleness))
+                    break
+                except BrokenVersionError as exc:
+                    if waited_at != b:
+                        self.echo(f"{exc}; waiting for a newer version")
+                        waited_at = b
+                    if interrupt is not None:
+                        interrupt()
+                    self.wait_newer(b, poll_s)
+                    b = self.newest()
+            tok = self.backoff.fetch(lambda: self.source.tokenizer, "tokenizer (version 0)")
+        task = self.source.task
         nonce = self.state.reserve_nonce()
         work = Work(self.spec, task, tok, self.who, nonce, chain=self.chain, store=self.store, source=self.source,
                     engine=engine, shards=self.shards)
@@ -203,14 +231,28 @@ class Contributor:
                                      f"behind version {v}", phases=current(), **summary)
             self.state.drop(nonce, outcome.record())
             return outcome
-        with phase("fetch_version"):
-            model, learner_state = self.backoff.call(lambda: self.learner.at(v), f"version {v} (learner)")
+        with phase("fetch_version"):  # b loaded: at worst the learner takes the gradient there
+            v, (model, learner_state) = self._loadable(v, self.learner.at, "learner", b)
         learned = learn(self.spec, model, learner_state, sampled, self.shards, tok.pad_token_id)
         work.learner, work.learner_state = model, learner_state
         learned.values = self.behavior.gradients(work, sampled, learned.values)
         seconds["learn"] = learned.seconds
         return Made(work, sampled, learned, nonce, b, self.behavior.commit_version(work, v, v), summary, seconds,
                     started)
+
+    def _loadable(self, version: int, load: Callable[[int], T], role: str, lowest: int) -> tuple[int, T]:
+        """(v, `load(v)`) at the newest v in `lowest..version` that is not broken, fetched through the back-off
+        (content the store does not deliver yet is waited for); `BrokenVersionError` if every one is broken."""
+        from krill.rl.engine.base import EngineError
+
+        for v in range(version, lowest - 1, -1):
+            if self.source.is_broken(v):
+                continue
+            try:
+                return v, self.backoff.fetch(lambda v=v: load(v), f"version {v} ({role})")
+            except (*undecodable(), EngineError) as exc:  # its weights do not fit the model: broken too
+                self.source.mark_broken(v, exc)
+        raise BrokenVersionError(f"no version in {lowest}..{version} can be loaded (each is broken)")
 
     def package(self, made: Made):
         """Compress, serialise, hash and sign a `Made` contribution: the arguments of `submit` (save them
@@ -251,15 +293,24 @@ class Contributor:
         self.state.finish(outcome.record())
         return outcome
 
-    def _own_commit(self, digest: bytes) -> int:
-        """The id of the commit of `digest` if it is this worker's, 0 if there is none."""
+    def _commit_of_digest(self, digest: bytes) -> tuple[int, str]:
+        """(id, committer) of the commit of `digest`; (0, "") if there is none."""
         commit_id = self.backoff.call(lambda: self.chain.commit_id_by_digest(digest), "chain (commit lookup)")
         if commit_id == 0:
-            return 0
+            return 0, ""
         info = self.backoff.call(lambda: self.chain.commit_of(commit_id), "chain (commit lookup)")
-        if info.worker.lower() != self.who.worker.lower():
-            raise WorkerStateError(f"digest {digest.hex()[:16]}… is committed by {info.worker}, not this worker")
-        return commit_id
+        return commit_id, info.worker
+
+    def _mine(self, committer: str) -> bool:
+        return committer.lower() == self.who.worker.lower()
+
+    def _front_run(self, pending: Pending, seconds: dict, started: float, resumed: bool, commit_id: int,
+                   committer: str, uploaded: int) -> Outcome:
+        """Log and drop a contribution whose digest another account committed first."""
+        detail = (f"header digest {pending.digest} was committed first by {committer} (commit #{commit_id}), "
+                  "not by this worker; the contribution is lost and the worker goes on with its next nonce")
+        return self._finish(self._outcome(FRONT_RUN, pending, seconds, started, resumed, bytes_uploaded=uploaded,
+                                          detail=detail))
 
     def submit(self, pending: Pending, header: bytes, files: dict[str, bytes], seconds: dict, started: float,
                resumed: bool) -> Outcome:
@@ -268,12 +319,13 @@ class Contributor:
         from krill.chain.events import Committed
 
         digest = bytes.fromhex(pending.digest)
-        existing = 0
         if resumed:  # a fresh contribution's digest cannot be on-chain yet (its nonce was just reserved)
             with phase("chain_read"):
-                existing = self._own_commit(digest)
-        if existing:
-            return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=existing))
+                existing, committer = self._commit_of_digest(digest)
+            if existing and self._mine(committer):
+                return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=existing))
+            if existing:
+                return self._front_run(pending, seconds, started, resumed, existing, committer, 0)
         t = time.perf_counter()
         uploaded = self._upload(header, files) if self.behavior.uploads else 0
         seconds = dict(seconds) | {"upload": time.perf_counter() - t}
@@ -287,10 +339,21 @@ class Contributor:
             return self._finish(self._outcome(STALE, pending, seconds, started, resumed, bytes_uploaded=uploaded,
                                               detail=f"contract: {exc}"))
         except (E.CommitDuplicate, E.CommitDigestTaken) as exc:
-            commit_id = self._own_commit(digest)
+            # Ours already (a retry after a lost receipt), someone else's copy of our digest, or our
+            # (version, nonce) taken by another digest of ours.
+            seconds["commit"] = time.perf_counter() - t
+            commit_id, committer = self._commit_of_digest(digest)
+            if commit_id and not self._mine(committer):
+                return self._front_run(pending, seconds, started, resumed, commit_id, committer, uploaded)
             if not commit_id:
-                raise WorkerStateError(f"nonce {pending.nonce} at version {pending.model_version} is already "
-                                       f"committed with another digest ({exc}); the worker state was reused") from exc
+                if not isinstance(exc, E.CommitDuplicate):  # the chain named the digest taken, then had no commit of it
+                    raise WorkerStateError(f"the contract refused digest {pending.digest} as taken ({exc}), but no "
+                                           "commit of it is found; restart the worker to try the commit again") from exc
+                detail = (f"nonce {pending.nonce} at version {pending.model_version} is already committed by this "
+                          f"worker under another digest ({exc}): its nonce sequence was reused; the contribution "
+                          "is lost and the worker goes on with its next nonce")
+                return self._finish(self._outcome(NONCE_REUSED, pending, seconds, started, resumed,
+                                                  bytes_uploaded=uploaded, detail=detail))
         except (E.StakeJailed, E.StakeNotEligible) as exc:
             info = self.chain.stake_of(self.who.worker)
             if info.jailed:
@@ -308,11 +371,11 @@ class Contributor:
         refs = json.loads(header)["files"]
         total = 0
         for name, data in sorted(files.items()):
-            cid = self.backoff.call(lambda data=data: self.store.add(data, pin=True), f"store (upload {name})")
+            cid = self.backoff.upload(lambda data=data: self.store.add(data, pin=True), f"store (upload {name})")
             if normalize_cid(cid) != normalize_cid(refs[name]["cid"]):
                 raise WorkerStateError(f"store named {name} {cid}, the header says {refs[name]['cid']}")
             total += len(data)
-        cid = self.backoff.call(lambda: self.store.put_block(header, pin=True), "store (upload header)")
+        cid = self.backoff.upload(lambda: self.store.put_block(header, pin=True), "store (upload header)")
         if normalize_cid(cid) != raw_block_cid(header):
             raise WorkerStateError(f"store named the header {cid}, expected {raw_block_cid(header)}")
         return total + len(header)

@@ -5,7 +5,7 @@ Each says what the person running the worker should do next (stake, wait, pick a
 
 from __future__ import annotations
 
-from krill.errors import KrillError
+from krill.errors import KrillError, ModelError
 
 
 class WorkerError(KrillError):
@@ -26,3 +26,8 @@ class KeyMismatchError(WorkerError):
 
 class WorkerStateError(WorkerError):
     """The worker's persisted state is damaged or belongs to another run or account."""
+
+
+class BrokenVersionError(ModelError):
+    """A published version cannot be decoded (manifest, record, shards or masks): the worker skips it and
+    works at the newest version before it that loads (nothing to do for the person running the worker)."""

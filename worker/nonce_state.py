@@ -28,6 +28,13 @@ Design decisions:
 - Every finished nonce (committed, dropped as stale, ...) is appended to `contributions.jsonl`
   (fsynced) before the pending entry is cleared; a crash in between repeats the line on restart,
   marked `resumed`, but never loses it.
+- A fresh state must learn the nonces this worker already committed before it hands one out (the
+  chain's `Committed` events; `krill.worker.runner`). The document records that as `recovered`,
+  set in the same write that moves `next_nonce` past them: a worker stopped during that scan
+  (which sits out an RPC outage in `Backoff`) finds `recovered` false on restart and scans again,
+  instead of taking the state written at its first start for a recovered one and reusing nonces.
+  A document without the flag (written before it existed) counts as not recovered: scanning again
+  is always safe, since recovery only ever moves `next_nonce` forward (`advance_to`).
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class _Document(BaseModel):
     worker: str = Field(pattern=r"^0x[0-9a-f]{40}$")
     next_nonce: int = Field(0, ge=0, lt=1 << 64)
     pending: Pending | None = None
+    recovered: bool = Field(False, description="next_nonce is past every nonce this worker committed on-chain.")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -123,7 +131,7 @@ class WorkerState:
     def __init__(self, directory: Path, doc: _Document, existed: bool):
         self.directory = directory
         self._doc = doc
-        self.existed = existed  # False: a fresh state (the caller may recover the nonce from the chain)
+        self.existed = existed  # False: a fresh state (no document was on disk)
         self._lock = threading.RLock()  # the document and files (held through fsyncs)
         self._nonce_lock = threading.Lock()  # the in-memory nonce counter only: never waits on a save
         self._handed_out = doc.next_nonce  # next nonce in memory; the document holds the durable one
@@ -186,6 +194,20 @@ class WorkerState:
             if nonce > self._doc.next_nonce:
                 self._doc.next_nonce = nonce
                 self._save()
+
+    @property
+    def recovered(self) -> bool:
+        """Whether the nonces committed on-chain were learnt (`recovered_to`); the runner does so before any
+        nonce is handed out."""
+        return self._doc.recovered
+
+    def recovered_to(self, nonce: int) -> None:
+        """Record the recovery from the chain: never hand out a nonce below `nonce`, and never recover again
+        (one write, so a crash leaves either neither or both)."""
+        with self._lock, self._nonce_lock:
+            self._doc.next_nonce = max(self._doc.next_nonce, nonce)
+            self._doc.recovered = True
+            self._save()
 
     # ------------------------------------------------------------------ pending commit
     @property

@@ -5,10 +5,15 @@ Design decisions:
   keystore (runtime.unlock_identity), the chain and the run (load_run checks the spec against the
   contract), and the stake: staked as a worker, with the keystore's Ed25519 key, above the
   minimum, not jailed. Each failure is a `WorkerError` naming the command that fixes it.
-- Unreachable chain or store never stops the worker, at start-up or later (`Backoff`).
-- The nonce sequence lives in the state directory; when that state is fresh (first start, or a
-  state directory lost), the next nonce is recovered from this worker's `Committed` events, so a
-  wiped disk cannot make the worker reuse a nonce.
+- Unreachable chain or store never stops the worker, at start-up or later (`Backoff`); nor does
+  published content the store does not deliver yet, a failed upload, a published version that does
+  not decode (skipped), or a contribution the chain will never take (another account committed its
+  digest first, or its nonce was reused): each is logged and the worker goes on
+  (`krill.worker.contribute`).
+- The nonce sequence lives in the state directory; until that state records a recovery (first
+  start, a state directory lost, or a start stopped during the recovery), the next nonce is
+  recovered from this worker's `Committed` events before anything else, so a wiped disk cannot
+  make the worker reuse a nonce.
 - The stake is looked at again whenever a new version is published (not before every
   contribution: those chain reads were a fifth of the per-contribution overhead): by the version
   watcher once it has fetched the version (off every contribution's path; the loop raises what it
@@ -86,6 +91,13 @@ def recover_next_nonce(chain, run_id: bytes, worker: str, from_block: int) -> in
     return highest + 1
 
 
+def recover_nonces(state: WorkerState, chain, run_id: bytes, worker: str, from_block: int, backoff: Backoff) -> None:
+    """Move `state` past every nonce `worker` committed in the run, unless a recovery was already recorded."""
+    if not state.recovered:
+        state.recovered_to(backoff.call(lambda: recover_next_nonce(chain, run_id, worker, from_block),
+                                        "chain (events)"))
+
+
 @dataclass
 class WorkerSession:
     """Everything a running worker holds."""
@@ -131,16 +143,14 @@ def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], 
     backoff = Backoff(config.worker.poll_interval_s, config.worker.max_backoff_s, echo)
     store = open_configured_store(config)
     chain = backoff.call(lambda: connect_chain(config, identity.account), "chain (connect)")
-    spec = backoff.call(lambda: load_run(chain, store, run_id), "chain/store (run spec)")
+    spec = backoff.fetch(lambda: load_run(chain, store, run_id), "chain/store (run spec)")
     backoff.call(lambda: check_eligible(chain, identity.address, identity.ed25519_public_key), "chain (stake)")
     state = WorkerState.open(role_state_dir(config, "worker", identity.address), run_id, identity.address)
-    if not state.existed:
-        state.advance_to(backoff.call(lambda: recover_next_nonce(chain, run_id, identity.address,
-                                                                 config.chain.deploy_block), "chain (events)"))
+    recover_nonces(state, chain, run_id, identity.address, config.chain.deploy_block, backoff)
     chain_id = backoff.call(lambda: chain.w3.eth.chain_id, "chain (chain id)")
     who = Identity(chain_id, chain.address, identity.address, identity.signing_key)
     shards = resolve_shards(config.worker.shards, spec.num_shards)
-    source = RunSource(chain, store, spec, keep=spec.staleness.max_staleness + 2)
+    source = RunSource(chain, store, spec, keep=spec.staleness.max_staleness + 2, echo=echo)
     contributor = Contributor(chain, store, spec, source, who, behavior, shards, state, backoff, echo)
     return WorkerSession(config, identity, chain, store, spec, state, contributor, backoff)
 

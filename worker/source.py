@@ -23,25 +23,43 @@ Design decisions:
   not after it while the learner runs its backward pass: in that order the two threads contended
   for the GIL and a demo worker's gradient phase took 268 ms instead of 124 ms.
 - The tokenizer and task are fixed for the run (manifest tokenizer CID, spec task) and loaded once.
+- A version that arrives whole but does not decode (`ModelError`, `PayloadError`, content over its
+  cap) is broken for good: content-addressed bytes never change. It is remembered and logged once
+  (`mark_broken`), and asking for it again raises `BrokenVersionError` at once, without another
+  fetch; the worker works at the newest version before it that loads (`Contributor`). Content
+  that cannot be had right now (missing, a timeout, a broken stream) raises the store's error,
+  which the caller's `Backoff` retries.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from krill.protocol.spec import RunSpec
 from krill.protocol.state import VersionState
+from krill.worker.errors import BrokenVersionError
+
+
+def undecodable() -> tuple[type[Exception], ...]:
+    """What a published version that arrived raises when its bytes are not a valid version."""
+    from krill.errors import ModelError, PayloadError
+    from krill.store.unixfs import ObjectTooLargeError
+
+    return (ModelError, PayloadError, ObjectTooLargeError)
 
 
 class RunSource:
     """Published versions of one run, from chain + store, cached by version."""
 
-    def __init__(self, chain, store, spec: RunSpec, keep: int = 4):
+    def __init__(self, chain, store, spec: RunSpec, keep: int = 4, echo: Callable[[str], None] | None = None):
         self.chain = chain
         self.store = store
         self.spec = spec
         self.keep = max(2, int(keep))
+        self.echo = echo
+        self.broken: dict[int, str] = {}  # version -> why it does not decode
         self._states: OrderedDict[int, VersionState] = OrderedDict()
         self._lock = threading.Lock()
         self._fetching: dict[int, threading.Event] = {}  # versions being fetched, set when done
@@ -52,11 +70,14 @@ class RunSource:
         return int(self.chain.run_of(self.spec.run_id).latest_version)
 
     def version(self, version: int) -> VersionState:
-        """Version `version`, fetched and verified (shards and gradient masks included) on first use."""
+        """Version `version`, fetched and verified (shards and gradient masks included) on first use;
+        `BrokenVersionError` if it does not decode (now or before)."""
         from krill.protocol.state import load_chain_version
 
         while True:
             with self._lock:  # guards the cache only: a fetch runs outside it
+                if version in self.broken:
+                    raise BrokenVersionError(f"version {version} is broken ({self.broken[version]})")
                 state = self._states.get(version)
                 if state is not None:
                     self._states.move_to_end(version)
@@ -69,9 +90,12 @@ class RunSource:
                 fetching.wait()
                 continue
             try:
-                state = load_chain_version(self.chain, self.store, self.spec, version)
-                state.all_tensors()  # fetch every shard now, while the caller handles outages
-                state.masks()
+                try:
+                    state = load_chain_version(self.chain, self.store, self.spec, version)
+                    state.all_tensors()  # fetch every shard now, while the caller handles outages
+                    state.masks()
+                except undecodable() as exc:
+                    raise self.mark_broken(version, exc) from exc
                 with self._lock:
                     self._states[version] = state
                     while len(self._states) > self.keep:
@@ -81,6 +105,23 @@ class RunSource:
                 with self._lock:
                     del self._fetching[version]
                 fetching.set()
+
+    def mark_broken(self, version: int, exc: Exception) -> BrokenVersionError:
+        """Remember that `version` does not decode (logged the first time); returns the error to raise."""
+        if isinstance(exc, BrokenVersionError):
+            return exc
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        with self._lock:
+            first = version not in self.broken
+            reason = self.broken.setdefault(version, reason)
+            self._states.pop(version, None)
+        if first and self.echo is not None:
+            self.echo(f"version {version} is broken and skipped ({reason}); the worker goes on at the newest "
+                      "version before it that loads")
+        return BrokenVersionError(f"version {version} is broken ({reason})")
+
+    def is_broken(self, version: int) -> bool:
+        return version in self.broken
 
     @property
     def tokenizer(self):
@@ -125,7 +166,11 @@ class BehaviourPolicy:
             self.engine = HFEngine(build_model(state), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                                    version=version)
         elif self.engine.version != version and not self.hand_over(version):
-            self.engine.load_state_dict(state.all_tensors(), version)
+            try:
+                self.engine.load_state_dict(state.all_tensors(), version)
+            except BaseException:
+                self.engine = None  # its weights are half loaded: built afresh next time
+                raise
         return self.engine
 
     def hand_over(self, version: int) -> bool:
@@ -158,6 +203,7 @@ class LearnerPolicy:
         if self.model is None:
             self.model = build_model(state)
         elif self.version != version:
+            self.version = None  # until the load completes, the weights are no version's
             load_weights(self.model, state)
         self.version = version
         return self.model, state

@@ -10,6 +10,11 @@ Design decisions:
 - A value is used only while it is fresh (`max_age_s`, twice the interval by default): a worker
   whose watcher stalls (chain unreachable, thread stopped) reads the chain itself, through its
   `Backoff`, which reports the outage; the watcher only counts its errors and retries.
+- A version is announced only once its fetch succeeded. A failed fetch leaves the last fetched
+  version the reading (fresh as of the read that found the new one), so the worker keeps working
+  at it: a version that does not decode is never announced (`RunSource` remembers it and refuses
+  it at once), one the store cannot deliver yet is fetched again at the next read. Announcing the
+  new version anyway sent the worker to fetch it itself at once, into the same failure.
 - Freshness costs staleness: a contribution may start from, or learn at, a version up to
   `max_age_s` old, so now and then one version behind the newest; the coordinator's staleness
   weights already price that, as they price a worker's network latency.
@@ -117,10 +122,10 @@ class VersionWatcher:
 
         A new version is reported only once its shards are here: until then `latest()` keeps the
         previous one (fresh: it is still the newest at hand), so the worker goes on working instead of
-        waiting for the fetch. A failed fetch reports the new version anyway, and the worker's own
-        fetch meets the outage through its `Backoff`, which reports it. The fetch derives the version's
-        gradient masks too (`RunSource.version`). Once a new version is reported (waiters woken),
-        `on_new_version` runs."""
+        waiting for the fetch. A failed fetch raises and reports nothing new: the previous version
+        stays the reading (see the module docstring). The fetch derives the version's gradient masks
+        too (`RunSource.version`). Once a new version is reported (waiters woken), `on_new_version`
+        runs."""
         new = False
         with recording(self.phases), phase("read_ahead"):
             version = int(self.source.latest())
@@ -128,11 +133,7 @@ class VersionWatcher:
             if version != self._fetched:
                 if self._fetched is not None:
                     self._seen = (self._fetched, read_at)
-                try:
-                    self.source.version(version)
-                except Exception:
-                    self._seen = (version, read_at)
-                    raise
+                self.source.version(version)
                 self._fetched, new = version, True
             self._seen = (version, read_at)
         if not new:

@@ -11,6 +11,14 @@ Design decisions:
 - `EventStream` remembers the next block to read and only reads up to head - confirmations, so
   a consumer never acts on a block that a shallow reorg could still remove; reads go in chunks
   so a long history does not ask the node for one huge range.
+- The cursor never passes an event its consumer did not get. `poll` returns a list, so it moves
+  the cursor only with what it returns: when a later chunk's read fails (the node still gone after
+  its retries) it returns the events of the chunks read whole, with the cursor just past the last
+  of them, and raises only when not even the first chunk could be read; any other error leaves the
+  cursor unmoved. (Moving it chunk by chunk while the list was built lost the events of a
+  multi-chunk catch-up whose later chunk failed: dropped with the exception, and the cursor,
+  already past them, saved by the verifier.) `iter` yields as it reads, so it passes a chunk once
+  all of it was yielded.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from krill.chain.artifacts import load_artifact
 from krill.chain.errors import snake_case
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, with_retries
 from krill.chain.types import RunParams, from_abi
+from krill.errors import ChainUnavailableError
 
 _RENAMES = {"from": "sender", "to": "recipient"}
 
@@ -280,28 +289,46 @@ class EventStream:
         return head - self.confirmations
 
     def poll(self, kinds: tuple[type[ChainEvent], ...] | None = None) -> list[ChainEvent]:
-        """Events of newly confirmed blocks since the last poll (oldest first); advances the cursor."""
-        return list(self.iter(kinds))
+        """Events of newly confirmed blocks since the last poll (oldest first); the cursor moves past
+        exactly the blocks whose events are returned (see the module docstring)."""
+        events: list[ChainEvent] = []
+        reached: int | None = None  # one past the last chunk read whole
+        try:
+            for end, chunk in self._chunks(kinds):
+                events.extend(chunk)
+                reached = end + 1
+        except ChainUnavailableError:
+            if reached is None:
+                raise
+        # Any other error propagated above with the cursor unmoved: nothing read is lost either way.
+        if reached is not None:
+            self.next_block = max(self.next_block, reached)
+        return events
 
     def iter(self, kinds: tuple[type[ChainEvent], ...] | None = None) -> Iterator[ChainEvent]:
         """Yield events up to the current safe head; the cursor passes a chunk once all of it was yielded."""
+        for end, chunk in self._chunks(kinds):
+            yield from chunk
+            self.next_block = max(self.next_block, end + 1)
+
+    def _chunks(self, kinds: tuple[type[ChainEvent], ...] | None) -> Iterator[tuple[int, list[ChainEvent]]]:
+        """(last block, its events) per chunk from the cursor up to the current safe head; moves no cursor."""
         last = self.safe_head()
         # Asked for some kinds, the node sends only theirs (a verifier wants `Committed` of a stream
         # that is mostly attestations, seals and publications): decoding the rest was most of its poll.
         topics = None if kinds is None else [topics_of(kinds)]
         if topics == [[]]:  # no Krill event is of these kinds (an empty list would match every log)
-            self.next_block = max(self.next_block, last + 1)
+            yield last, []
             return
-        while self.next_block <= last:
-            end = min(last, self.next_block + self._chunk - 1)
-            query = {"fromBlock": self.next_block, "toBlock": end, "address": self._addresses}
+        start = self.next_block
+        while start <= last:
+            end = min(last, start + self._chunk - 1)
+            query = {"fromBlock": start, "toBlock": end, "address": self._addresses}
             if topics is not None:
                 query["topics"] = topics
             logs = with_retries(lambda q=query: self._w3.eth.get_logs(q), "eth_getLogs", self._retry,
                                 endpoint_of(self._w3))
             ordered = sorted(logs, key=lambda lg: (lg["blockNumber"], lg["logIndex"]))
-            for log in ordered:
-                event = decode_log(self._w3, log)
-                if event is not None and (kinds is None or isinstance(event, kinds)):
-                    yield event
-            self.next_block = end + 1
+            events = [decode_log(self._w3, log) for log in ordered]
+            yield end, [e for e in events if e is not None and (kinds is None or isinstance(e, kinds))]
+            start = end + 1

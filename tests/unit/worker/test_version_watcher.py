@@ -146,14 +146,37 @@ def test_a_new_version_is_reported_only_once_its_shards_are_fetched():
         watcher.stop()
 
 
-def test_a_failed_fetch_reports_the_new_version_so_the_worker_meets_the_outage():
+def test_a_failed_fetch_is_not_announced_and_the_worker_keeps_the_version_it_holds():
     source = SlowFetchSource([3, 4], fail_on=4)
     source.release.set()
-    watcher = VersionWatcher(source, interval_s=0.01)
+    watcher = VersionWatcher(source, interval_s=0.01, max_age_s=5.0)
     watcher.poll()
     with pytest.raises(ConnectionError, match="store down"):
         watcher.poll()
-    assert watcher.latest() == 4
+    assert watcher.latest() == 3  # not 4: the worker would go and fetch it at once, into the same failure
+    source.fail_on = None
+    watcher.poll()  # fetched again at the next read, and announced once it is here
+    assert watcher.latest() == 4 and source.fetched == [3, 4, 4]
+
+
+def test_a_version_that_does_not_decode_is_never_announced():
+    from krill.worker.errors import BrokenVersionError
+
+    class BrokenSource(ScriptedSource):
+        def version(self, v):
+            if v == 5:
+                raise BrokenVersionError("version 5 is broken (ModelError: shard 1: not a valid safetensors file)")
+            return super().version(v)
+
+    source = BrokenSource([4, 5, 5, 6])
+    watcher = VersionWatcher(source, interval_s=0.01, max_age_s=5.0)
+    watcher.poll()
+    for _ in range(2):
+        with pytest.raises(BrokenVersionError):
+            watcher.poll()
+        assert watcher.latest() == 4  # the worker keeps working at the last version that loaded
+    watcher.poll()
+    assert watcher.latest() == 6 and source.fetched == [4, 6]
 
 
 def test_run_source_serves_cached_versions_while_another_is_fetched(monkeypatch):

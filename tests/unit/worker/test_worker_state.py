@@ -151,3 +151,45 @@ def test_status_line_names_every_figure():
     for part in ("nonce 4", "b1->v2", "reward 0.250 (true 0.750)", "1200 tok", "2,400 tok/s", "up 4.0 KiB",
                  "commit #17", "sample 0.50 learn 0.25 total 1.00s"):
         assert part in line, (part, line)
+
+
+class _Killed(BaseException):
+    """The process stopped (Ctrl-C, kill) while the nonce recovery waited out an RPC outage."""
+
+
+def test_nonce_recovery_stopped_midway_runs_again_at_the_next_start(tmp_path):
+    from types import SimpleNamespace
+
+    from krill.worker.runner import recover_nonces
+
+    def committed(*nonces):
+        return lambda from_block, kinds: [SimpleNamespace(run_id=RUN, worker=WORKER, nonce=n) for n in nonces]
+
+    def killed(from_block, kinds):
+        raise _Killed()
+
+    backoff = Backoff(0.01, 0.02, lambda line: None, sleep=lambda s: None)
+    first = WorkerState.open(tmp_path, RUN, WORKER)  # writes state.json before anything is recovered
+    assert not first.recovered
+    with pytest.raises(_Killed):
+        recover_nonces(first, SimpleNamespace(events=killed), RUN, WORKER, 0, backoff)
+    again = WorkerState.open(tmp_path, RUN, WORKER)
+    assert again.existed and not again.recovered  # the state on disk is no proof of a recovery
+    recover_nonces(again, SimpleNamespace(events=committed(0, 4, 2)), RUN, WORKER, 0, backoff)
+    assert again.recovered and again.reserve_nonce() == 5
+    third = WorkerState.open(tmp_path, RUN, WORKER)
+    assert third.recovered and third.next_nonce == 5
+    recover_nonces(third, SimpleNamespace(events=killed), RUN, WORKER, 0, backoff)  # not scanned again
+
+
+def test_a_state_file_written_before_the_recovered_flag_recovers_again_and_only_moves_forward(tmp_path):
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    path = state.directory / "state.json"
+    doc = json.loads(path.read_text())
+    del doc["recovered"]
+    path.write_text(json.dumps(doc | {"next_nonce": 10}))  # as an earlier version wrote it
+    old = WorkerState.open(tmp_path, RUN, WORKER)
+    assert old.existed and not old.recovered and old.next_nonce == 10
+    old.recovered_to(3)  # the chain knows fewer commits than the local state: never moves back
+    reopened = WorkerState.open(tmp_path, RUN, WORKER)
+    assert reopened.recovered and reopened.next_nonce == 10

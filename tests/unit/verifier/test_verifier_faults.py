@@ -1,0 +1,249 @@
+"""Whose fault, and what the verifier does about it, against in-process fakes of chain and store: passing
+faults while attesting are retried within the commit's window (an attestation that landed after all is
+found on-chain); run data that fails to parse is never charged to the worker; a header whose nonce is not
+its commit's fails the worker."""
+
+from __future__ import annotations
+
+import hashlib
+from types import SimpleNamespace
+
+import pytest
+from nacl.signing import SigningKey
+from web3.exceptions import TimeExhausted
+
+import krill.verifier.loop as loop_module
+from krill.errors import ContentNotFoundError, StoreError
+from krill.payload.header import HeaderBody
+from krill.payload.limits import PayloadLimits
+from krill.store.cid import digest_to_cid, file_cid
+from krill.verifier.attest import Who
+from krill.verifier.evidence import check_record
+from krill.verifier.loop import LoopSettings, VerifierLoop
+from krill.verifier.replay import Policies, Replayer, ReplayResult, RunDataUnavailable, _Run
+from krill.verifier.state import ATTESTED, ERROR, MISSED, PENDING, Job, VerifierState
+
+RUN = b"\x01" * 32
+CONTRACT = "0x" + "cc" * 20
+ME = "0x" + "dd" * 20
+WORKER = "0x" + "ab" * 20
+WINDOW = 40
+COMMIT_BLOCK = 100
+
+
+class FakeChain:
+    """A chain whose commit 7 is sealed and selects this verifier; `attest` raises what the test scripts, and
+    `lands` says whether the transaction reached the chain all the same (a receipt that never came)."""
+
+    address = CONTRACT
+
+    def __init__(self):
+        self.head = COMMIT_BLOCK + 5
+        self.attest_raises: Exception | None = None
+        self.lands = False
+        self.attestations: dict[int, SimpleNamespace] = {}
+        self.sent = 0
+
+    def block_number(self):
+        return self.head
+
+    def block_hash(self, number):
+        return b"\x09" * 32
+
+    def randomness_of(self, commit_id):
+        return b"\x09" * 32
+
+    def is_check_selected(self, commit_id, key):
+        return True
+
+    def attestation_of(self, commit_id, verifier):
+        return self.attestations.get(commit_id, SimpleNamespace(exists=False, ok=False))
+
+    def attest(self, commit_id, ok, digest):
+        self.sent += 1
+        if self.lands or self.attest_raises is None:
+            self.attestations[commit_id] = SimpleNamespace(exists=True, ok=ok)
+        if self.attest_raises is not None:
+            raise self.attest_raises
+        return SimpleNamespace(transaction_hash="0x" + "ee" * 32)
+
+    def run_of(self, run_id):
+        return SimpleNamespace(created_block=0)
+
+    def event_stream(self, from_block, confirmations):
+        return SimpleNamespace(poll=lambda kinds: [], next_block=from_block)
+
+
+class FakeStore:
+    def __init__(self):
+        self.failures: list[Exception] = []
+        self.blocks: list[bytes] = []
+
+    def put_block(self, data, pin=False):
+        if self.failures:
+            raise self.failures.pop(0)
+        self.blocks.append(data)
+        return digest_to_cid(hashlib.sha256(data).digest())
+
+
+class FakeReplayer:
+    replays = 0
+
+    def __init__(self, *args):
+        pass
+
+    def replay(self, job, randomness):
+        FakeReplayer.replays += 1
+        return ReplayResult(True, "passed", [check_record("signature", True, "ok", {}, 0.001 * FakeReplayer.replays)])
+
+
+@pytest.fixture
+def verifier(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop_module, "Replayer", FakeReplayer)
+    FakeReplayer.replays = 0
+    state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
+    state.add_jobs([Job(7, WORKER, 3, 0, b"\x05" * 32, COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
+    spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
+                                                             check_probability_ppm=1_000_000))
+    lines: list[str] = []
+    loop = VerifierLoop(FakeChain(), FakeStore(), spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
+                        LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lines.append)
+    loop.lines = lines
+    return loop
+
+
+PASSING = [
+    pytest.param("chain", TimeExhausted("attest: transaction 0x12 is not in the chain after 120 seconds"),
+                 id="receipt-never-came"),
+    pytest.param("store", ContentNotFoundError("Kubo at http://127.0.0.1:5001 did not answer block/put within 60.0s"),
+                 id="kubo-timeout"),
+    pytest.param("store", StoreError("Kubo block/put failed with HTTP 502: bad gateway"), id="kubo-5xx"),
+]
+
+
+@pytest.mark.parametrize(("where", "fault"), PASSING)
+def test_a_passing_fault_while_attesting_is_retried_with_the_same_verdict(verifier, where, fault):
+    chain, store = verifier.chain, verifier.store
+    if where == "chain":
+        chain.attest_raises = fault
+    else:
+        store.failures = [fault]
+    verifier.step()
+    assert verifier.state.decision(7).status == PENDING  # not a final 'error'
+    assert any(type(fault).__name__ in line and "retrying" in line for line in verifier.lines)
+    chain.attest_raises = None
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert (decision.status, decision.ok, decision.tx_hash) == (ATTESTED, True, "0x" + "ee" * 32)
+    assert FakeReplayer.replays == 1  # the verdict was kept, not replayed
+    assert len(set(store.blocks)) == 1 and decision.evidence_cid == digest_to_cid(hashlib.sha256(store.blocks[0]).digest())
+    assert verifier.attested == 1
+
+
+def test_an_attestation_whose_receipt_never_came_but_landed_is_found_on_chain_not_sent_twice(verifier):
+    chain = verifier.chain
+    chain.attest_raises, chain.lands = TimeExhausted("attest: not in the chain after 120 seconds"), True
+    verifier.step()
+    assert verifier.state.decision(7).status == PENDING
+    chain.attest_raises = None
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert (decision.status, decision.ok) == (ATTESTED, True) and "passing fault" in decision.reason
+    assert chain.sent == 1
+
+
+@pytest.mark.parametrize("landed", [False, True])
+def test_a_window_that_closes_during_the_retries_is_missed_naming_the_fault_unless_the_attestation_landed(
+        verifier, landed):
+    chain = verifier.chain
+    chain.attest_raises, chain.lands = TimeExhausted("attest: not in the chain after 120 seconds"), landed
+    verifier.step()
+    chain.head = COMMIT_BLOCK + WINDOW  # no transaction sent now can land in time
+    verifier.step()
+    decision = verifier.state.decision(7)
+    if landed:
+        assert (decision.status, decision.ok) == (ATTESTED, True)
+    else:
+        assert decision.status == MISSED and "TimeExhausted" in decision.reason
+    assert chain.sent == 1
+
+
+def test_a_full_cap_of_attestations_with_this_outcome_is_missed_not_an_error(verifier):
+    from krill.chain import errors as E
+
+    verifier.chain.attest_raises = E.AttestationLimitReached("AttestationLimitReached(7, True, 32)", (7, True, 32))
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert decision.status == MISSED and "cap of attestations" in decision.reason
+    assert decision.evidence_cid is not None and verifier.attested == 0
+
+
+def test_a_bug_while_attesting_is_still_recorded_as_error(verifier):
+    verifier.chain.attest_raises = RuntimeError("a bug")
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert decision.status == ERROR and "a bug" in decision.reason
+
+
+@pytest.mark.parametrize("fault", ["unparsable-manifest", "kubo-5xx"])
+def test_run_data_that_cannot_be_loaded_is_never_the_workers_fault(fault):
+    bad = b"this is not a manifest"
+    digest = hashlib.sha256(bad).digest()
+
+    def get(cid, max_bytes=None, sha256=None):
+        if fault == "kubo-5xx":
+            raise StoreError("Kubo cat failed with HTTP 500: internal error")
+        return bad
+
+    spec = SimpleNamespace(run_id=b"\x11" * 32, base_manifest_cid=digest_to_cid(digest))
+    chain = SimpleNamespace(version_of=lambda run, v: SimpleNamespace(manifest_digest=digest,
+                                                                       record_digest=b"\x22" * 32))
+    policies = Policies(chain, SimpleNamespace(get=get), spec)
+    policies._tokenizer = SimpleNamespace(eos_token_id=1, pad_token_id=0)
+    with pytest.raises(RunDataUnavailable, match="version 0"):
+        policies.state(0)
+    run = _Run()
+    with pytest.raises(RunDataUnavailable):  # the resample stage loads the behaviour version first
+        run.stage("resample", lambda: policies.engine(0))
+    assert run.checks == []  # no failed check, nothing to attest against the worker
+
+
+KEY = SigningKey(bytes(range(32)))
+LIMITS = PayloadLimits(vocab_size=64)
+
+
+def _replayer(header_bytes: bytes) -> Replayer:
+    """A Replayer whose chain, store and run data are fakes; past the `signature` stage it raises
+    RunDataUnavailable (the run's data is what the next stage loads)."""
+    replayer = Replayer.__new__(Replayer)
+    replayer.spec = SimpleNamespace(run_id=RUN, limits=LIMITS, compression=SimpleNamespace(dtype="fp16", block_size=32),
+                                    staleness=SimpleNamespace(max_staleness=2))
+    replayer.chain = SimpleNamespace(stake_of=lambda worker: SimpleNamespace(ed25519_public_key=bytes(KEY.verify_key)))
+    replayer.store = SimpleNamespace(get=lambda cid, max_bytes=None: header_bytes)
+    replayer.chain_id, replayer.contract, replayer.verifier_key = 31337, CONTRACT, b"\x07" * 32
+
+    def grad_lengths(version):
+        raise RunDataUnavailable("stop after the signature stage")
+
+    replayer.policies = SimpleNamespace(state=lambda v: SimpleNamespace(manifest_cid=file_cid(b"manifest v3")),
+                                        grad_lengths=grad_lengths)
+    return replayer
+
+
+@pytest.mark.parametrize("committed_nonce", [4, 5])
+def test_a_header_naming_another_nonce_than_its_commit_fails_the_worker_at_the_signature(committed_nonce):
+    body = HeaderBody(run_id=RUN.hex(), chain_id=31337, contract=CONTRACT, worker=WORKER,
+                      ed25519_key=bytes(KEY.verify_key).hex(), model_version=3, behaviour_version=3,
+                      manifest_cid=file_cid(b"manifest v3"), task="arith", prompt_seed=1, nonce=4,
+                      sampling={"temperature_milli": 1000, "top_p_milli": 1000, "top_k": 0, "max_new_tokens": 5,
+                                "seed": 42}, files={})
+    header = body.sign(KEY).encode()
+    job = Job(7, WORKER, 3, committed_nonce, hashlib.sha256(header).digest(), COMMIT_BLOCK)
+    replayer = _replayer(header)
+    if committed_nonce == 4:
+        with pytest.raises(RunDataUnavailable, match="after the signature"):  # the honest header passes
+            replayer.replay(job, b"\x09" * 32)
+        return
+    result = replayer.replay(job, b"\x09" * 32)
+    assert (result.ok, result.reason, result.failed_field) == (False, "signature", "header.nonce")
+    assert "expected 5" in result.checks[-1].detail

@@ -1,0 +1,281 @@
+"""What the worker does when the chain or the store answers badly, against in-process fakes: a contribution
+the chain will never take (front-run digest, reused nonce) is logged and dropped instead of stopping every
+restart; store errors that only mean "not yet" are waited out; a published version that does not decode is
+skipped for the newest one before it that loads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from krill.chain import errors as E
+from krill.errors import ContentNotFoundError, IntegrityError, ModelError, PayloadError, StoreError
+from krill.store.cid import file_cid, raw_block_cid
+from krill.store.unixfs import ObjectTooLargeError
+from krill.worker.backoff import Backoff
+from krill.worker.contribute import COMMITTED, FRONT_RUN, NONCE_REUSED, Contributor
+from krill.worker.errors import BrokenVersionError
+from krill.worker.nonce_state import Pending, WorkerState
+from krill.worker.source import RunSource
+
+RUN = hashlib.sha256(b"run").digest()
+ME = "0x" + "aa" * 20
+THIEF = "0x" + "bb" * 20
+FILES = {"rollouts.safetensors": b"rollouts", "grad-0.safetensors": b"gradient"}
+
+
+class FakeChain:
+    """Commits by digest, and a `commit` that raises what the test scripts."""
+
+    def __init__(self):
+        self.by_digest: dict[bytes, tuple[int, str]] = {}
+        self.commit_raises: Exception | None = None
+        self.commits: list[tuple] = []
+
+    def commit_id_by_digest(self, digest: bytes) -> int:
+        return self.by_digest.get(digest, (0, ""))[0]
+
+    def commit_of(self, commit_id: int):
+        worker = next(w for i, w in self.by_digest.values() if i == commit_id)
+        return SimpleNamespace(worker=worker)
+
+    def commit(self, run_id, version, nonce, digest):
+        if self.commit_raises is not None:
+            raise self.commit_raises
+        commit_id = len(self.commits) + 100
+        self.commits.append((version, nonce, digest))
+        self.by_digest[digest] = (commit_id, ME)
+        return SimpleNamespace(event=lambda kind: SimpleNamespace(commit_id=commit_id))
+
+
+class FakeStore:
+    """Content-addressed adds and blocks; `failures` are raised first, one per call."""
+
+    def __init__(self, failures=()):
+        self.failures = list(failures)
+        self.added: list[bytes] = []
+
+    def _maybe_fail(self):
+        if self.failures:
+            raise self.failures.pop(0)
+
+    def add(self, data: bytes, pin: bool = False) -> str:
+        self._maybe_fail()
+        self.added.append(data)
+        return file_cid(data)
+
+    def put_block(self, data: bytes, pin: bool = False) -> str:
+        self._maybe_fail()
+        self.added.append(data)
+        return raw_block_cid(data)
+
+
+def _header(nonce: int) -> bytes:
+    refs = {name: {"cid": file_cid(data)} for name, data in FILES.items()}
+    return json.dumps({"nonce": nonce, "files": refs}, sort_keys=True).encode()
+
+
+def _contributor(tmp_path, chain=None, store=None, uploads=False, lines=None):
+    state = WorkerState.open(tmp_path, RUN, ME)
+    backoff = Backoff(0.01, 0.02, echo=(lines if lines is not None else []).append, sleep=lambda s: None)
+    spec = SimpleNamespace(run_id=RUN, staleness=SimpleNamespace(max_staleness=2))
+    return Contributor(chain or FakeChain(), store or FakeStore(), spec, source=None,
+                       who=SimpleNamespace(worker=ME), behavior=SimpleNamespace(uploads=uploads), shards=[0],
+                       state=state, backoff=backoff, echo=(lines if lines is not None else []).append)
+
+
+def _save(contributor: Contributor, nonce: int | None = None) -> tuple[Pending, bytes]:
+    nonce = contributor.state.reserve_nonce() if nonce is None else nonce
+    header = _header(nonce)
+    pending = Pending(model_version=3, behaviour_version=3, nonce=nonce, digest=hashlib.sha256(header).hexdigest(),
+                      files=sorted(FILES))
+    contributor.state.save_pending(pending, header, dict(FILES))
+    return pending, header
+
+
+def test_a_front_run_digest_found_on_resume_is_logged_dropped_and_the_worker_goes_on(tmp_path):
+    chain = FakeChain()
+    first = _contributor(tmp_path, chain)
+    pending, header = _save(first)
+    chain.by_digest[hashlib.sha256(header).digest()] = (41, THIEF)  # someone copied it from the mempool
+    # The process stops here; every restart used to stop again on the same pending contribution.
+    again = _contributor(tmp_path, chain)
+    outcome = again.resume()
+    assert outcome.status == FRONT_RUN and outcome.commit_id is None and outcome.resumed
+    assert pending.digest in outcome.detail and THIEF in outcome.detail and "#41" in outcome.detail
+    assert THIEF in outcome.line() and "FRONT-RUN" in outcome.line()
+    assert again.state.pending is None and again.state.history()[-1]["status"] == FRONT_RUN
+    assert not list((again.state.directory / "pending").iterdir())
+    third = _contributor(tmp_path, chain)
+    assert third.resume() is None and third.state.reserve_nonce() == pending.nonce + 1  # a fresh nonce
+
+
+def test_a_commit_reverted_because_another_account_took_the_digest_is_dropped(tmp_path):
+    chain = FakeChain()
+    contributor = _contributor(tmp_path, chain, uploads=True)
+    pending, header = _save(contributor)
+    digest = hashlib.sha256(header).digest()
+    chain.by_digest[digest] = (41, THIEF)
+    chain.commit_raises = E.CommitDigestTaken("CommitDigestTaken", (digest, 41))
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert (outcome.status, outcome.nonce) == (FRONT_RUN, pending.nonce) and THIEF in outcome.detail
+    assert outcome.bytes_uploaded > 0 and contributor.state.pending is None
+    chain.commit_raises = None
+    following, header2 = _save(contributor)
+    assert following.nonce == pending.nonce + 1
+    assert contributor.submit(following, header2, dict(FILES), {}, 0.0, resumed=False).status == COMMITTED
+
+
+def test_a_nonce_already_committed_under_another_digest_is_dropped_not_fatal(tmp_path):
+    chain = FakeChain()
+    contributor = _contributor(tmp_path, chain)
+    pending, header = _save(contributor)
+    chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 7))
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert outcome.status == NONCE_REUSED and f"nonce {pending.nonce}" in outcome.detail
+    assert contributor.state.pending is None and contributor.state.history()[-1]["status"] == NONCE_REUSED
+    assert contributor.state.reserve_nonce() == pending.nonce + 1
+
+
+def test_a_duplicate_revert_of_our_own_landed_commit_still_counts_as_committed(tmp_path):
+    chain = FakeChain()
+    contributor = _contributor(tmp_path, chain)
+    pending, header = _save(contributor)
+    chain.by_digest[hashlib.sha256(header).digest()] = (9, ME.upper().replace("0X", "0x"))  # the lost receipt's
+    chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 9))
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert (outcome.status, outcome.commit_id) == (COMMITTED, 9)
+
+
+def test_an_upload_the_store_fails_for_now_is_retried_and_a_misnamed_one_stops(tmp_path):
+    lines: list[str] = []
+    store = FakeStore([ContentNotFoundError("Kubo at http://x did not answer add within 60.0s"),
+                       StoreError("Kubo block/put failed with HTTP 502: bad gateway")])
+    contributor = _contributor(tmp_path, store=store, uploads=True, lines=lines)
+    pending, header = _save(contributor)
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert outcome.status == COMMITTED and contributor.backoff.waits == 2
+    assert any("not available yet (StoreError: Kubo block/put failed with HTTP 502" in line for line in lines)
+    store.failures = [IntegrityError("Kubo stored the content as bafyX but it hashes to bafyY")]
+    second, header2 = _save(contributor)
+    with pytest.raises(IntegrityError):
+        contributor.submit(second, header2, dict(FILES), {}, 0.0, resumed=False)
+    assert contributor.state.pending == second  # kept for the next start
+
+
+def test_fetch_and_upload_retry_store_errors_but_not_those_that_would_fail_again():
+    backoff = Backoff(0.01, 0.02, echo=lambda line: None, sleep=lambda s: None)
+
+    def failing(*errors):
+        errors = list(errors)
+
+        def fn():
+            if errors:
+                raise errors.pop(0)
+            return "ok"
+        return fn
+
+    assert backoff.fetch(failing(ContentNotFoundError("Kubo found no bafy within 60.0s"),
+                                 IntegrityError("a broken stream"), StoreError("HTTP 500")), "version 4") == "ok"
+    assert backoff.waits == 3
+    with pytest.raises(ObjectTooLargeError):
+        backoff.fetch(failing(ObjectTooLargeError("over the cap")), "version 4")
+    with pytest.raises(ModelError):  # an answer, never retried
+        backoff.fetch(failing(ModelError("shard 1: not a valid safetensors file")), "version 4")
+    with pytest.raises(IntegrityError):
+        backoff.upload(failing(IntegrityError("misnamed")), "store (upload)")
+    with pytest.raises(ContentNotFoundError):  # a plain call retries only unreachability
+        backoff.call(failing(ContentNotFoundError("missing")), "chain")
+    assert backoff.waits == 3
+
+
+class Loaded:
+    def __init__(self, v):
+        self.v = v
+
+    def all_tensors(self):
+        return {}
+
+    def masks(self):
+        return {}
+
+
+def _source(monkeypatch, answers: dict, lines: list[str]) -> tuple[RunSource, list[int]]:
+    """A RunSource whose version v loads as `answers[v]` says: a list of exceptions raised one per fetch, then
+    the version."""
+    import krill.protocol.state as state_module
+
+    calls: list[int] = []
+
+    def load(chain, store, spec, v):
+        calls.append(v)
+        pending = answers.get(v, [])
+        if pending:
+            raise pending.pop(0)
+        return Loaded(v)
+
+    monkeypatch.setattr(state_module, "load_chain_version", load)
+    return RunSource(chain=None, store=None, spec=None, keep=8, echo=lines.append), calls
+
+
+def test_a_version_that_does_not_decode_is_remembered_logged_once_and_refused_without_a_fetch(monkeypatch):
+    lines: list[str] = []
+    source, calls = _source(monkeypatch, {5: [PayloadError("not UTF-8 JSON", field="manifest")],
+                                          6: [ContentNotFoundError("Kubo found no bafy within 60.0s")]}, lines)
+    with pytest.raises(BrokenVersionError, match="version 5 is broken"):
+        source.version(5)
+    with pytest.raises(BrokenVersionError):
+        source.version(5)
+    assert calls == [5] and source.is_broken(5)
+    assert len(lines) == 1 and "version 5 is broken and skipped" in lines[0] and "manifest" in lines[0]
+    with pytest.raises(ContentNotFoundError):  # not there yet: not broken, fetched again next time
+        source.version(6)
+    assert source.version(6).v == 6 and not source.is_broken(6)
+
+
+def test_the_contribution_loads_the_newest_version_that_decodes_and_waits_for_content(monkeypatch, tmp_path):
+    lines: list[str] = []
+    source, calls = _source(monkeypatch, {7: [ModelError("shard 1: not a valid safetensors file")],
+                                          6: [ContentNotFoundError("Kubo found no bafy within 60.0s")]}, lines)
+    contributor = _contributor(tmp_path, lines=lines)
+    contributor.source = source
+    version, state = contributor._loadable(7, source.version, "behaviour", 5)
+    assert (version, state.v) == (6, 6) and calls == [7, 6, 6]  # 7 skipped, 6 waited for
+    assert contributor.backoff.waits == 1
+    assert contributor._loadable(7, source.version, "learner", 6)[0] == 6 and calls == [7, 6, 6]  # cached
+    with pytest.raises(BrokenVersionError, match="no version in 7..7"):
+        contributor._loadable(7, source.version, "learner", 7)
+
+
+def test_a_worker_whose_newest_version_is_broken_samples_and_learns_at_the_one_before(monkeypatch, tmp_path):
+    """`make` end to end with the model work faked: version 7 does not decode, so the contribution is made at
+    version 6 instead of ending the worker; the log names version 7 once."""
+    import torch
+
+    import krill.protocol.work as work_module
+    from krill.worker.behaviors import Behavior
+
+    lines: list[str] = []
+    source, calls = _source(monkeypatch, {7: [ModelError("shard 1: not a valid safetensors file")]}, lines)
+    source.chain = SimpleNamespace(run_of=lambda run_id: SimpleNamespace(latest_version=7))
+    source.spec = SimpleNamespace(run_id=RUN)
+    source._tokenizer, source._task = SimpleNamespace(pad_token_id=0), object()
+    contributor = _contributor(tmp_path, lines=lines)
+    contributor.source = source
+    contributor.spec.staleness.max_staleness = 2
+    contributor.behaviour = SimpleNamespace(at=lambda v: ("engine", source.version(v)))
+    contributor.learner = SimpleNamespace(at=lambda v: ("model", source.version(v)))
+    rollouts = SimpleNamespace(num_completion_tokens=12)
+    behavior = Behavior()
+    monkeypatch.setattr(behavior, "sample", lambda work: SimpleNamespace(
+        rewards=torch.tensor([1.0, 0.0]), seconds=0.1, rollouts=rollouts, sampled_at=work.engine[1].v))
+    monkeypatch.setattr(work_module, "learn", lambda spec, model, state, sampled, shards, pad: SimpleNamespace(
+        values={0: {}}, seconds=0.2, learner_version=state.v))
+    contributor.behavior = behavior
+    made = contributor.make()
+    assert (made.behaviour_version, made.model_version, made.sampled.sampled_at) == (6, 6, 6)
+    assert made.learned.learner_version == 6 and calls == [7, 6]  # 7 fetched once, then refused at once
+    assert sum("version 7 is broken and skipped" in line for line in lines) == 1
