@@ -3,7 +3,7 @@
 Design decisions:
 - A crash test must hit the narrow windows that matter (after the decision is journalled, after
   the content is stored but before `publishVersion`, after the transaction but before the journal
-  notes it) every time, not by luck of timing; so the process kills itself with the same signal
+  notes it, after settling but before the figures are reported) every time, not by luck of timing; so the process kills itself with the same signal
   `kill -9` sends, at a named point. Unset (always, outside tests), it does nothing.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("ingested", "decided", "stored", "published")
+POINTS = ("ingested", "decided", "stored", "published", "settled")
 ENV = "KRILL_COORDINATOR_HALT"
 
 

@@ -58,6 +58,12 @@ def ensure_tables(database) -> None:
         CoordinatorBase.metadata.create_all(conn)
 
 
+def mark_settled(ctx, version: int) -> None:
+    """The last step of a version: its rewards are credited and its figures reported."""
+    with ctx.db.write() as s:
+        s.get(VersionDecision, (ctx.run_hex, version)).state = DecisionState.SETTLED
+
+
 def unfinished(session, run_id: str) -> list[VersionDecision]:
     """Decisions of `run_id` not yet settled, oldest first."""
     return list(session.scalars(select(VersionDecision).where(VersionDecision.run_id == run_id,

@@ -38,7 +38,7 @@ from krill.coordinator.close import decide, published_at
 from krill.coordinator.evals import evaluate_version
 from krill.coordinator.faults import halt_point
 from krill.coordinator.ingest import ingest
-from krill.coordinator.journal import DecisionState, ensure_tables, unfinished
+from krill.coordinator.journal import DecisionState, ensure_tables, mark_settled, unfinished
 from krill.coordinator.metrics import VersionFigures, figures, record_metrics, status_line
 from krill.coordinator.publish import complete_version
 from krill.coordinator.settle import settle_version
@@ -153,25 +153,33 @@ class Coordinator:
                     self.indexer.sync()
             with phase("settle"):
                 settle_version(ctx, row.version, unsettled=fresh)
+            halt_point("settled")
             out.append(self._report(row, sent, fold_seconds))
+            mark_settled(ctx, row.version)  # after the report: a crash in between reports it again
         return out
 
     def _received_bytes(self, accepted: list[dict]) -> int:
-        """Bytes the version's accepted contributions took on the wire. Contributions still cached count
-        header + files; after a restart the index's file sizes stand in (the header's few hundred bytes
-        left out), so reporting never refetches content, which may be gone by now."""
-        from sqlalchemy import select
-
+        """Bytes the version's accepted contributions took on the wire: header + every file it names.
+        A contribution no longer cached (after a restart) is counted from its signed header alone, so
+        reporting never refetches gradients; a header the store cannot give counts 0 (and says so)."""
         from krill.coordinator.ingest import contribution_bytes
-        from krill.db.models import Header
+        from krill.errors import PayloadError, StoreError
+        from krill.payload.header import decode_header
+        from krill.store.cid import digest_to_cid
 
-        ids = [int(e["commit_id"]) for e in accepted]
-        cached = {i: c for i in ids if (c := self.ctx.recall(i)) is not None}
-        total = sum(contribution_bytes(c) for c in cached.values())
-        missing = [i for i in ids if i not in cached]
-        if missing:
-            with self.ctx.db.session() as s:
-                total += sum(n or 0 for n in s.scalars(select(Header.total_bytes).where(Header.commit_id.in_(missing))))
+        total = 0
+        for entry in accepted:
+            cached = self.ctx.recall(int(entry["commit_id"]))
+            if cached is not None:
+                total += contribution_bytes(cached)
+                continue
+            try:
+                data = self.ctx.store.get(digest_to_cid(bytes.fromhex(entry["header_digest"])),
+                                          max_bytes=self.ctx.spec.limits.max_header_bytes)
+                total += len(data) + sum(ref.size for ref in decode_header(data, self.ctx.spec.limits,
+                                                                          verify=False).files.values())
+            except (StoreError, PayloadError) as exc:
+                log.warning("commit %s: its header is not readable to count its bytes (%s)", entry["commit_id"], exc)
         return total
 
     def _report(self, row, sent: int, fold_seconds: float) -> VersionFigures:

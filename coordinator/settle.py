@@ -10,13 +10,16 @@ Design decisions:
   workers took part, the 64 with the largest weights share the reward (ties: lower address).
 - Idempotent: the chain's `settled` flag is read first, so a restart never pays twice (skipped only
   right after this process published the version, when nobody can have settled it).
+- The journal row is marked settled by the loop only after the version's figures are reported
+  (`journal.mark_settled`): a crash between settling and reporting leaves it published, and the
+  restart reads the chain's flag (nothing paid twice) and reports it.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from krill.coordinator.journal import DecisionState, VersionDecision
+from krill.coordinator.journal import VersionDecision
 
 MAX_SETTLE_ACCOUNTS = 64
 
@@ -54,7 +57,7 @@ def settle_version(ctx, version: int, unsettled: bool = False) -> tuple[list[tup
             ctx.chain.settle(ctx.run_id, version, [a for a, _ in split], [n for _, n in split])
         else:
             note = f"nothing settled (reward per version {ctx.spec.chain.reward_per_version}, pool {pool})"
-    with ctx.db.write() as s:
-        r = s.get(VersionDecision, (ctx.run_hex, version))
-        r.state, r.note = DecisionState.SETTLED, note
+    if note is not None:
+        with ctx.db.write() as s:
+            s.get(VersionDecision, (ctx.run_hex, version)).note = note
     return split, note
