@@ -153,7 +153,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def stop_pid(pid: int, timeout: float = 5.0, popen: subprocess.Popen | None = None) -> None:
-    """Terminate one process by PID and reap it if it is our child."""
+    """Terminate one process by PID and reap it if it is our child.
+
+    With `popen` (the child's own), a child it has already reaped is left alone, as `Popen.send_signal`
+    does: its PID may since belong to another process. Unreaped, the PID stays ours, even as a zombie."""
+    if popen is not None and popen.poll() is not None:
+        return
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -1,4 +1,4 @@
-"""`krill demo`: the embedded default, on one machine, cleaned up on exit (also on Ctrl-C).
+"""`krill demo`: the embedded default, on one machine, cleaned up on exit (also on Ctrl-C, SIGTERM, SIGHUP).
 
 By default it runs the whole protocol (see `krill.demo.orchestrate`): local chain, store and
 database, base model, a coordinator, workers (one forging rewards) and verifiers as separate
@@ -103,9 +103,10 @@ def _chain_round(console) -> dict:
     from rich.table import Table
 
     from krill.chain.anvil import AnvilProcess
+    from krill.demo.processes import interrupt_on_signals
     from krill.demo.scripted_round import run_scripted_round
 
-    with AnvilProcess.start() as node:
+    with interrupt_on_signals(), AnvilProcess.start() as node:
         console.print(f"[bold]krill demo --chain-round[/bold]: local chain at {node.rpc_url} (Anvil pid {node.pid})")
         report = run_scripted_round(node.rpc_url, echo=lambda step, text: console.print(f"  [cyan]{step:9}[/cyan] {text}"))
     table = Table(title="what the chain says")

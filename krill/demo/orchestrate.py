@@ -176,7 +176,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     from krill.chain.rpc import dev_accounts
     from krill.config import CoordinatorConfig
     from krill.demo.disk import DenseStart, check_space, gigabytes, store_contents
-    from krill.demo.processes import ProcessGroup
+    from krill.demo.processes import ProcessGroup, interrupt_on_signals
     from krill.keystore import KdfCost, create_keystore
     from krill.model.base import ensure_base_model
 
@@ -201,7 +201,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     echo(f"the store will take up to about {gigabytes(need)} in {workdir} "
          f"({store_contents(every, dense, config.versions)})")
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers
-    with AnvilProcess.start(log_path=workdir / "logs" / "anvil.log", accounts=max(20, n)) as node, \
+    # SIGTERM/SIGHUP stop the demo as a Ctrl-C does (`interrupt_on_signals`), while Anvil and the roles run.
+    with interrupt_on_signals(), \
+            AnvilProcess.start(log_path=workdir / "logs" / "anvil.log", accounts=max(20, n)) as node, \
             ProcessGroup(workdir / "logs", env) as procs:
         run.rpc_url = node.rpc_url
         deployment = provision(node.rpc_url, accounts=max(20, n))

@@ -6,6 +6,14 @@ Design decisions:
 - Children get their own process group, so a Ctrl-C in the terminal reaches the demo alone; the
   demo then stops every child it started (SIGTERM, then SIGKILL after a grace period) and nothing
   else. `ProcessGroup` is a context manager, and an atexit hook covers interpreter exit.
+- A child is signalled only while its Popen has not reaped it: once reaped, its PID (and the
+  process group named after it) may belong to an unrelated process. `stop_all` runs more than
+  once (mid-run, on exit, at interpreter exit) and covers children finished long ago.
+- SIGTERM and SIGHUP (`kill`, a job timeout, a closed terminal) would end Python without running
+  `__exit__` or atexit, and the children, in their own sessions, would run on. For the demo's
+  lifetime `interrupt_on_signals` turns them into the KeyboardInterrupt a Ctrl-C raises, so an
+  interrupted demo stops and writes exactly what it does on Ctrl-C. A repeated signal is ignored
+  while that cleanup runs, since cutting it short would leave children behind.
 """
 
 from __future__ import annotations
@@ -15,7 +23,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +65,14 @@ class ProcessGroup:
 
     def krill(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         """Start `krill <args>` as a child named `name` (log in log_dir/name.log)."""
+        return self.start(name, [sys.executable, "-m", "krill.cli", *args], env)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+        """Start `argv` as a child named `name`, in its own session (log in log_dir/name.log)."""
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen([sys.executable, "-m", "krill.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env={**self.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                                     start_new_session=True)
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**self.env, **(env or {}), "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         child = Child(name, popen, log_path)
         self.children.append(child)
         return child
@@ -82,6 +96,7 @@ class ProcessGroup:
         return child.log_path.read_text(errors="replace")
 
     def stop(self, child: Child, grace: float = 10.0) -> None:
+        # running() polls: only a leader not yet reaped (a zombie at worst) still holds its PID and group id.
         if child.running():
             try:
                 os.killpg(child.pid, signal.SIGTERM)
@@ -103,3 +118,30 @@ class ProcessGroup:
 
     def __exit__(self, *exc) -> None:
         self.stop_all()
+        atexit.unregister(self.stop_all)
+
+
+@contextmanager
+def interrupt_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Within the block, the first of `signums` raises KeyboardInterrupt (as a Ctrl-C does) and later ones
+    are ignored, so the cleanup it starts runs to the end; the previous handlers come back on leaving.
+
+    Python delivers signals to the main thread only; from any other thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def interrupt(signum: int, frame) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            # None: a handler not installed from Python; the default is the nearest we can restore.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
