@@ -9,7 +9,16 @@ Design decisions:
   those that became stale, jailed or fell below the trust floor are rejected now, with the reason.
 - The decision takes contributions in commit-id order (deterministic), at most
   `MAX_ACCEPTED_PER_VERSION` of them (the rest wait for the next version), plus every rejection
-  not yet named in a record (at most `MAX_REJECTED_PER_RECORD`), so the record stays one block.
+  not yet named in a record (at most `MAX_REJECTED_PER_RECORD`), and no more of either than keep
+  the record under its cap whatever the fold's outcomes (`fitting_entries`: each accepted entry
+  adds a trimmed fraction to every shard's outcome, so with many shards the cap binds before 200
+  entries; rejections take at most half the room). What does not fit waits for the next version. A record over the cap could never be published, and the journalled
+  decision would stop the coordinator on every restart.
+- A contribution that carries no shard this coordinator serves (`--shards`) is rejected with
+  `no_served_shard` (at ingest, and again here if the served shards changed since): a version
+  folded from only such contributions would change nothing this coordinator can publish.
+- The journal row keeps the fold's settings (the served shards, whether this version stores its
+  optimizer states), so a restart with other settings still rebuilds the same bytes.
 - One write transaction stores the journal row and marks the contributions as folded into t
   (`aggregated_version`, weight, trust, staleness): after it, a crash cannot lose or double-apply
   any of them.
@@ -59,6 +68,39 @@ def published_at(ctx, version: int) -> float | None:
 
 def completion_tokens(rollouts) -> int:
     return int((np.diff(rollouts.offsets) - rollouts.prompt_lengths).sum())
+
+
+# Worst-case bytes of the record's parts a decision does not know yet (they come from the fold).
+RECORD_FIXED_BYTES = 4096  # run id, CIDs, rule, masks, closing reason and the keys around them
+SHARD_FIXED_BYTES = 400    # one shard's outcome without its trimmed fractions (CID, sha256, norms)
+FRACTION_BYTES = 26        # one trimmed fraction: a float64 repr in [0, 1] (<= 23 characters), quotes, comma
+
+
+def fitting_entries(accepted: list[dict], rejected: list[dict], num_shards: int) -> tuple[int, int]:
+    """(accepted, rejected): how many of each list (in order) keep the record within
+    `MAX_RECORD_BYTES` with every shard's outcome, at the worst case of each figure the fold adds.
+    Rejections take at most half of what the fixed parts leave (a 500-character reason can take
+    3 kB as JSON escapes); accepted entries take the rest, at least one."""
+    import json
+
+    from krill.protocol.record import MAX_RECORD_BYTES
+
+    def size(value) -> int:  # as AggregationRecord.encode writes it
+        return len(json.dumps(value, sort_keys=True, separators=(",", ":")))
+
+    budget = MAX_RECORD_BYTES - RECORD_FIXED_BYTES - num_shards * SHARD_FIXED_BYTES
+    n_rejected, half = 0, budget // 2
+    for entry in rejected:
+        if half - size(entry) - 1 < 0:
+            break
+        half -= size(entry) + 1
+        n_rejected += 1
+    budget -= size(rejected[:n_rejected])
+    for n, entry in enumerate(accepted):
+        budget -= size(entry) + 1 + num_shards * FRACTION_BYTES
+        if budget < 0:
+            return max(1, n), n_rejected
+    return len(accepted), n_rejected
 
 
 def accepted_entry(commit_id: int, worker: str, contribution, weighing):
@@ -120,12 +162,16 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
     closed_by = closing_reason(ctx.spec, len(eligible), since)
     if closed_by is None:
         return None
+    served = ctx.served_shards()
     entries, lost = [], []
     for row, w in eligible[:MAX_ACCEPTED_PER_VERSION]:
         try:
             contribution = load_contribution(ctx, row.commit_id, row.worker, row.version)
         except (ContentNotFoundError, IntegrityError, PayloadError) as exc:
             lost.append((row, RejectionCode.UNAVAILABLE, f"content no longer retrievable at close: {exc}"[:500]))
+            continue
+        if not set(contribution.gradients) & set(served):
+            lost.append((row, RejectionCode.NO_SERVED_SHARD, no_served_shard(contribution, served)))
             continue
         entries.append((row, w, accepted_entry(row.commit_id, row.worker, contribution, w)))
     with ctx.db.write() as s:
@@ -139,19 +185,26 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
         for row, code, reason in lost + [(r, w.code, w.reason) for r, w in late]:
             c = s.get(Contribution, row.commit_id)
             c.status, c.reason_code, c.reason, c.trust = ContributionStatus.REJECTED, code, reason, None
-        for row, w, _ in entries:
-            c = s.get(Contribution, row.commit_id)
-            c.aggregated_version, c.weight, c.trust, c.staleness = version, w.weight, w.trust, w.staleness
         s.flush()
         unrecorded = list(s.scalars(select(Contribution).where(
             Contribution.run_id == ctx.run_hex, Contribution.status == ContributionStatus.REJECTED,
             Contribution.aggregated_version.is_(None)).order_by(Contribution.commit_id).limit(MAX_REJECTED_PER_RECORD)))
-        rejected = []
-        for c in unrecorded:
-            c.aggregated_version = version  # named in this version's record
-            rejected.append(RejectedEntry(commit_id=c.commit_id, worker=c.worker, reason_code=c.reason_code.value,
-                                          reason=c.reason or "").model_dump(mode="json"))
+        rejected = [RejectedEntry(commit_id=c.commit_id, worker=c.worker, reason_code=c.reason_code.value,
+                                  reason=c.reason or "").model_dump(mode="json") for c in unrecorded]
         accepted = [e.model_dump(mode="json") for _, _, e in entries]
+        fit, fit_rejected = fitting_entries(accepted, rejected, ctx.spec.num_shards)  # the rest wait for the next
+        entries, accepted, rejected = entries[:fit], accepted[:fit], rejected[:fit_rejected]
+        for c in unrecorded[:fit_rejected]:
+            c.aggregated_version = version  # named in this version's record
+        for row, w, _ in entries:
+            c = s.get(Contribution, row.commit_id)
+            c.aggregated_version, c.weight, c.trust, c.staleness = version, w.weight, w.trust, w.staleness
         s.add(VersionDecision(run_id=ctx.run_hex, version=version, state=DecisionState.DECIDED, closed_by=closed_by,
-                              accepted=accepted, rejected=rejected, decided_at=now, window_s=since or 0.0))
+                              accepted=accepted, rejected=rejected, decided_at=now, window_s=since or 0.0,
+                              served_shards=list(served), keep_states=ctx.keeps_states(version)))
     return Decision(version, closed_by, accepted, rejected, since or 0.0)
+
+
+def no_served_shard(contribution, served: list[int]) -> str:
+    return (f"carries gradients for shards {sorted(contribution.gradients)[:16]} only; this coordinator serves "
+            f"shards {list(served)[:16]}")

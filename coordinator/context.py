@@ -67,6 +67,10 @@ class RunContext:
 
         return submissions(self, [entry.model_dump(mode="json") for entry in record.accepted])
 
+    def served_shards(self) -> list[int]:
+        """The shards this coordinator folds and publishes (`--shards`; default all)."""
+        return list(self.shards) if self.shards is not None else list(range(self.spec.num_shards))
+
     def keeps_states(self, version: int) -> bool:
         """Whether `version`'s optimizer states are stored (else named by sha256 and replayed)."""
         return version % self.optimizer_state_every == 0

@@ -3,8 +3,11 @@
 Design decisions:
 - Greedy accuracy on the first `spec.eval_n` prompts of the task's eval split
   (`krill.model.evaluate`): deterministic, so any party evaluating a version gets the same figure.
-- The model is built from the published version in the store, never from the coordinator's own
-  memory, so what is measured is what was published.
+- The model is built from the version's state as the coordinator holds it: right after
+  publishing, the tensors the fold left in memory, which are the bytes it stored and whose
+  digests are on-chain (`publish.complete_version` adopts them only after the transaction);
+  after a restart, the version loaded from chain and store. Either way, what is measured is
+  what was published; `krill audit` and `krill release` check those bytes against the chain.
 - A version already evaluated is not evaluated again (restarts are cheap).
 """
 

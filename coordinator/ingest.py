@@ -188,6 +188,11 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
         return _reject(RejectionCode.STALE, f"rollouts sampled at version {contribution.header.behaviour_version}, "
                                             f"{behind} behind the learner version (S_max = "
                                             f"{ctx.spec.staleness.max_staleness})")
+    served = ctx.served_shards()
+    if not set(contribution.gradients) & set(served):
+        from krill.coordinator.close import no_served_shard
+
+        return _reject(RejectionCode.NO_SERVED_SHARD, no_served_shard(contribution, served))
     with phase("replay"):
         cheap = cheap_replay(ctx, contribution)
     if cheap is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Enum, Float, String, Text, select
+from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, String, Text, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -50,12 +50,26 @@ class VersionDecision(CoordinatorBase):
     record_digest: Mapped[str | None] = mapped_column(String(64))
     bytes_published: Mapped[int | None] = mapped_column(BigInteger)
     note: Mapped[str | None] = mapped_column(Text)                 # e.g. why settlement was skipped
+    # The fold's settings at the decision (None in rows written before they were kept: the process's own).
+    served_shards: Mapped[list[int] | None] = mapped_column(JSON)
+    keep_states: Mapped[bool | None] = mapped_column(Boolean)
+
+
+# Columns added after the table first shipped: `ensure_tables` adds them to an existing table.
+_ADDED_COLUMNS = {"served_shards": "JSON", "keep_states": "BOOLEAN"}
 
 
 def ensure_tables(database) -> None:
-    """Create the coordinator's tables if missing (idempotent; safe with concurrent openers)."""
+    """Create the coordinator's tables if missing, and add the columns a table written by an earlier
+    release lacks (nullable, so its rows keep their meaning); idempotent, safe with concurrent openers."""
+    from sqlalchemy import inspect, text
+
     with database.engine.execution_options(krill_write=True).begin() as conn:
         CoordinatorBase.metadata.create_all(conn)
+        have = {c["name"] for c in inspect(conn).get_columns(VersionDecision.__tablename__)}
+        for name, kind in _ADDED_COLUMNS.items():
+            if name not in have:
+                conn.execute(text(f"ALTER TABLE {VersionDecision.__tablename__} ADD COLUMN {name} {kind}"))
 
 
 def mark_settled(ctx, version: int) -> None:

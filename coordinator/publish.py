@@ -83,12 +83,14 @@ def build_content(ctx, row: VersionDecision):
 
     parent = ctx.state(row.version - 1)
     subs, states = submissions(ctx, row.accepted)
-    results = fold_version(ctx.spec, parent, subs, states, shards=ctx.shards)
+    # The settings journalled with the decision, so a restart with other ones rebuilds the same bytes.
+    shards = row.served_shards if row.served_shards is not None else ctx.shards
+    keep = row.keep_states if row.keep_states is not None else ctx.keeps_states(row.version)
+    results = fold_version(ctx.spec, parent, subs, states, shards=shards)
     with phase("store"):
         content = publish_version_content(
             ctx.store, ctx.spec, parent, results, [AcceptedEntry(**e) for e in row.accepted],
-            [RejectedEntry(**e) for e in row.rejected], row.closed_by, defer_states=True,
-            keep_states=ctx.keeps_states(row.version))
+            [RejectedEntry(**e) for e in row.rejected], row.closed_by, defer_states=True, keep_states=keep)
     changed = {r.shard for r in results if r.submissions > 0}
     sent = len(content.manifest.canonical_bytes()) + len(content.record.encode()) + content.masks_bytes
     sent += sum(s.size for s in content.manifest.shards if s.index in changed)

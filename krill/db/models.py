@@ -101,6 +101,7 @@ class RejectionCode(enum.StrEnum):
     WRONG_REWARDS = "wrong_rewards"
     BELOW_TRUST_FLOOR = "below_trust_floor"
     SLASHED = "slashed"
+    NO_SERVED_SHARD = "no_served_shard"
 
 
 # ===================================================================================== index

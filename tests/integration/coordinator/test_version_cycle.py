@@ -166,3 +166,31 @@ def test_a_header_must_name_its_commit_nonce_carry_a_gradient_and_never_reuse_a_
         row = s.get(Contribution, again)
     assert row.status == ContributionStatus.REJECTED and row.reason_code == RejectionCode.WRONG_ASSIGNMENT
     assert f"nonce 0 was already committed by this worker in commit {ids[0]}" in row.reason
+
+
+def test_a_coordinator_serving_some_shards_rejects_contributions_that_carry_none_of_them(coordinator_env):
+    from krill.coordinator.ingest import ingest
+    from krill.payload.header import HeaderBody
+
+    env = coordinator_env()
+    (a1, w1), (a2, w2) = env.stake(1), env.stake(2)
+    both, files = env.produce(w1, nonce=0)
+    env.upload(both, files)
+    carries_both = env.commit(a1, both)
+    header, files = env.produce(w2, nonce=0)
+    body = {k: v for k, v in header.model_dump().items() if k != "signature"}
+    body["files"] = {name: ref for name, ref in body["files"].items() if name != "grad-1.safetensors"}
+    only_shard_0 = HeaderBody(**body).sign(w2.signing_key)
+    env.upload(only_shard_0, files)
+    carries_0 = env.commit(a2, only_shard_0)
+
+    ctx, indexer = env.context()
+    ctx.shards = [1]
+    indexer.sync()
+    report = ingest(ctx, next_version=1)
+    assert (report.accepted, report.rejected) == (1, 1)
+    with ctx.db.session() as s:
+        rows = {c.commit_id: c for c in s.scalars(select(Contribution))}
+    assert rows[carries_both].status == ContributionStatus.ACCEPTED
+    assert rows[carries_0].reason_code == RejectionCode.NO_SERVED_SHARD
+    assert "carries gradients for shards [0] only; this coordinator serves shards [1]" in rows[carries_0].reason

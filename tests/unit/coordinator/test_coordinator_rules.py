@@ -108,3 +108,66 @@ def test_the_run_context_keeps_only_the_versions_a_contribution_can_still_be_com
         ctx.adopt(SimpleNamespace(version=version))
     assert ctx.cached_versions() == [36, 37, 38, 39, 40]
     assert ctx.state(38).version == 38  # still served from memory (no chain or store here)
+
+
+def test_a_decision_takes_no_more_entries_than_keep_the_record_under_its_cap():
+    """Each accepted entry adds a trimmed fraction to every shard's outcome: with many shards the record's
+    cap binds before MAX_ACCEPTED_PER_VERSION. Built at the worst case, the record still fits."""
+    from krill.coordinator.close import MAX_ACCEPTED_PER_VERSION, MAX_REJECTED_PER_RECORD, fitting_entries
+    from krill.protocol.record import (
+        MAX_RECORD_BYTES,
+        AcceptedEntry,
+        AggregationRecord,
+        RejectedEntry,
+        ShardOutcome,
+    )
+
+    def entry(i, shards):
+        return AcceptedEntry(commit_id=10**12 + i, worker="0x" + "ab" * 20, header_digest="cd" * 32, model_version=10**6,
+                             behaviour_version=10**6, staleness=3, trust=repr(0.1 / 3), weight=repr(0.2 / 7),
+                             shards=list(range(shards)), mean_reward=repr(0.1 / 3), tokens=10**6).model_dump(mode="json")
+
+    rejected = [RejectedEntry(commit_id=10**12 + i, worker="0x" + "ef" * 20, reason_code="malformed_payload",
+                              reason="é" * 500).model_dump(mode="json") for i in range(MAX_REJECTED_PER_RECORD)]
+    for shards in (2, 16, 64, 128, 256):
+        accepted = [entry(i, shards) for i in range(MAX_ACCEPTED_PER_VERSION)]
+        n, r = fitting_entries(accepted, rejected, shards)
+        assert 1 <= n <= MAX_ACCEPTED_PER_VERSION and 1 <= r <= MAX_REJECTED_PER_RECORD
+        record = AggregationRecord(
+            run_id="ab" * 32, version=10**6, parent_manifest_cid="bafkrei" + "a" * 52, parent_record_cid="bafkrei" + "b" * 52,
+            manifest_cid="bafkrei" + "c" * 52, rule={"type": "clip-mix-trim", "trim_fraction": 0.2, "clip": 1e9},
+            accepted=[AcceptedEntry(**e) for e in accepted[:n]], rejected=[RejectedEntry(**e) for e in rejected[:r]],
+            shards=[ShardOutcome(shard=s, submissions=n, optimizer_state_cid="bafkrei" + "d" * 52,
+                                 optimizer_state_sha256="e" * 64, trimmed_fractions=[repr(1 / 3 - 1e-17)] * n,
+                                 clipped=n, update_norm=repr(1e-300 / 3), grad_norm=repr(1e300 / 3)) for s in range(shards)],
+            masks_cid="bafkrei" + "f" * 52, masks_sha256="0" * 64, closed_by="deadline")
+        assert len(record.encode()) <= MAX_RECORD_BYTES, (shards, n, len(record.encode()))
+        if shards <= 2:
+            assert n == MAX_ACCEPTED_PER_VERSION  # the common case is not limited
+    ascii_reasons = [{**e, "reason": "x" * 500} for e in rejected]
+    assert fitting_entries([entry(i, 2) for i in range(200)], ascii_reasons, 2) == (200, MAX_REJECTED_PER_RECORD)
+    assert fitting_entries([entry(i, 256) for i in range(200)], rejected, 256)[0] < 200
+
+
+def test_ensure_tables_adds_the_journal_columns_an_older_table_lacks(tmp_path):
+    from sqlalchemy import inspect, text
+
+    from krill.coordinator.journal import ensure_tables
+    from krill.db.session import open_database
+
+    db = open_database(f"sqlite:///{tmp_path / 'old.db'}")
+    with db.engine.begin() as conn:  # the table as the first release created it
+        conn.execute(text("CREATE TABLE coordinator_versions (run_id VARCHAR(64) NOT NULL, version BIGINT NOT NULL, "
+                          "state VARCHAR(16) NOT NULL, closed_by VARCHAR(16) NOT NULL, accepted JSON NOT NULL, "
+                          "rejected JSON NOT NULL, decided_at FLOAT NOT NULL, window_s FLOAT NOT NULL, "
+                          "manifest_digest VARCHAR(64), record_digest VARCHAR(64), bytes_published BIGINT, note TEXT, "
+                          "PRIMARY KEY (run_id, version))"))
+        conn.execute(text("INSERT INTO coordinator_versions VALUES ('ab', 1, 'settled', 'count', '[]', '[]', 0, 0, "
+                          "NULL, NULL, NULL, NULL)"))
+    ensure_tables(db)
+    ensure_tables(db)  # idempotent
+    with db.engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("coordinator_versions")}
+        row = conn.execute(text("SELECT served_shards, keep_states FROM coordinator_versions")).one()
+    assert {"served_shards", "keep_states"} <= columns and tuple(row) == (None, None)
+    db.close()
