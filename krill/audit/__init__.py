@@ -24,5 +24,7 @@ __all__ = ["AuditCheck", "AuditReport", "AuditSource", "EntryFigures", "audit_ve
 
 
 def audit_versions(source: AuditSource, versions) -> list[AuditReport]:
-    """Audit each of `versions` in order (sharing the source's caches)."""
+    """Audit each of `versions` in order (sharing the source's caches). A fault in one version's
+    data, or in the audit itself, ends up in that version's report (`audit_version`), so every
+    version gets its report."""
     return [audit_version(source, v) for v in versions]

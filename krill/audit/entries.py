@@ -1,21 +1,39 @@
 """One accepted contribution of an aggregation record, checked against chain + store.
 
 Design decisions:
-- Four checks per accepted entry, cheapest first, each a row of the report:
+- An accepted entry must be one an honest coordinator accepts (`coordinator/ingest.py`), so the audit
+  runs the coordinator's admission rules on it, cheapest first, each a row of the report:
   * `on-chain`: the commit exists for this run and names the entry's worker, learner version and
     header digest (the record cannot credit work nobody committed);
   * `weight`: staleness = version - 1 - learner version within S_max, trust a finite number in
-    [0, 1] at or above the run's floor, and weight = trust x staleness weight of the run spec.
-    Trust itself is the coordinator's claim (a Beta posterior over verdicts it indexed); the audit
-    reports it and checks only its range;
+    [0, 1] at or above the run's floor, and weight = trust x staleness weight of the run spec, a
+    positive number (a weight of zero or less cannot be folded: such an entry is not folded, and the
+    recompute fails as not attempted). Trust itself is the coordinator's claim (a Beta posterior over
+    verdicts it indexed); the audit reports it and checks only its range;
+  * `nonce`: the commit is the run's first by its worker with its nonce. The rule is read from the
+    chain's `Committed` events of the run (`AuditSource.first_commit`), so a nonce reused in a commit
+    the record never mentions (rejected, or of another version) is caught as the coordinator catches it;
+  * `rollout staleness`: the rollouts were sampled at most S_max versions before the learner version;
   * `payload`: the header and every file it names are fetched by CID and validated exactly as a
-    coordinator does (`validate_contribution`: digest, context, staked Ed25519 key, file digests,
-    decoders, mask lengths of the learner version); its behaviour version and gradient shards are
-    the entry's;
+    coordinator does (`validate_contribution` with the same `ExpectedContext`: digest, run, chain,
+    contract, worker, staked Ed25519 key, learner version and manifest, the commit's on-chain nonce,
+    the run's codec and block size; file digests, decoders, mask lengths of the learner version);
+    its behaviour version and gradient shards are the entry's;
+  * `assignment` and `rewards`: the verifier's cheap replay the coordinator runs before folding
+    (`krill.protocol.work.check_assignment` / `check_rewards`: prompts, seeds and sampling parameters
+    are the assignment's; every reward is the task's). They need the validated payload: when it is
+    not valid they fail as not run;
   * `applied once`: no earlier version in the staleness window accepted the same commit.
+  Not re-checked: whether the worker was jailed when the version closed (the chain keeps only the
+  current stake record).
+- Public data that cannot be read or decoded (`krill.audit.source.DATA_ERRORS`) fails the row that
+  read it, with the reason; it never stops the audit.
 - The submission fed to the fold carries the record's weight (`float(entry.weight)`), exactly the
   float64 the coordinator used; a weight that is consistent but not the one folded shows up as
   digests that differ.
+- The coordinator's rules live in `coordinator/ingest.py`, which the audit may not import (the core
+  never imports a role): the replay checks and the codec are the shared `krill.protocol.work`
+  functions; the nonce and rollout-staleness rules are one comparison each and are restated here.
 """
 
 from __future__ import annotations
@@ -23,8 +41,8 @@ from __future__ import annotations
 import math
 
 from krill.audit.report import AuditReport, EntryFigures
-from krill.audit.source import AuditSource
-from krill.errors import ModelError, PayloadError, StoreError
+from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
+from krill.errors import PayloadError
 from krill.protocol.record import AcceptedEntry
 from krill.protocol.step import Submission
 from krill.rl.staleness import StalenessError, staleness_weight
@@ -40,9 +58,16 @@ def _float(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _exists(commit) -> bool:
+    return int(commit.worker, 16) != 0
+
+
 def check_on_chain(source: AuditSource, entry: AcceptedEntry) -> list[str]:
-    commit = source.chain.commit_of(entry.commit_id)
-    if int(commit.worker, 16) == 0:
+    try:
+        commit = source.commit(entry.commit_id)
+    except DATA_ERRORS as exc:
+        return [f"commit id {entry.commit_id} cannot be read on-chain: {data_fault(exc)}"]
+    if not _exists(commit):
         return ["no such commit on-chain"]
     problems = []
     if commit.run_id != source.spec.run_id:
@@ -67,8 +92,8 @@ def check_weight(source: AuditSource, version: int, entry: AcceptedEntry) -> tup
         problems.append(f"trust {entry.trust!r} is not a number in [0, 1]")
     elif trust < spec.trust.floor:
         problems.append(f"trust {trust!r} is below the run's floor {spec.trust.floor!r}")
-    if weight is None or weight < 0.0:
-        problems.append(f"weight {entry.weight!r} is not a finite non-negative number")
+    if weight is None or weight <= 0.0:
+        problems.append(f"weight {entry.weight!r} is not a finite positive number")
     try:
         sw = staleness_weight(staleness, spec.staleness)
     except StalenessError as exc:
@@ -79,13 +104,46 @@ def check_weight(source: AuditSource, version: int, entry: AcceptedEntry) -> tup
     return problems, (trust if trust is not None else math.nan), (weight if weight is not None else math.nan)
 
 
+def check_nonce(source: AuditSource, entry: AcceptedEntry) -> list[str]:
+    """The commit is the run's first by its worker with its nonce (the coordinator's rule: a repeated
+    nonce repeats the assignment it derives)."""
+    try:
+        commit = source.commit(entry.commit_id)
+    except DATA_ERRORS as exc:
+        return [f"not checked: the commit cannot be read on-chain ({data_fault(exc)})"]
+    if not _exists(commit):
+        return ["not checked: no such commit on-chain"]
+    first = source.first_commit(commit.worker, commit.nonce)
+    if first is None:
+        return [f"commit {entry.commit_id} is not among the run's Committed events"]
+    if first != entry.commit_id:
+        return [f"nonce {commit.nonce} was already committed by this worker in commit {first}: "
+                "the assignment it derives would repeat"]
+    return []
+
+
+def check_rollout_staleness(source: AuditSource, entry: AcceptedEntry) -> list[str]:
+    """The rollouts (sampled at the entry's behaviour version, which `payload` checks against the
+    header) are at most S_max versions older than the learner version."""
+    behind, limit = entry.model_version - entry.behaviour_version, source.spec.staleness.max_staleness
+    if behind < 0:
+        return [f"rollouts sampled at version {entry.behaviour_version}, after the learner version {entry.model_version}"]
+    if behind > limit:
+        return [f"rollouts sampled at version {entry.behaviour_version}, {behind} behind the learner version "
+                f"(S_max = {limit})"]
+    return []
+
+
 def fetch_contribution(source: AuditSource, entry: AcceptedEntry):
-    """The validated contribution of `entry` (raises StoreError / PayloadError / ModelError)."""
+    """The validated contribution of `entry`, in the context the coordinator validates it in
+    (raises one of `DATA_ERRORS`)."""
     from krill.payload.contribution import ExpectedContext, validate_contribution
     from krill.payload.header import decode_header
+    from krill.protocol.work import run_codec
     from krill.store.cid import digest_to_cid
 
     spec, store = source.spec, source.store
+    commit = source.commit(entry.commit_id)
     digest = bytes.fromhex(entry.header_digest)
     header_bytes = store.get(digest_to_cid(digest), max_bytes=spec.limits.max_header_bytes)
     header = decode_header(header_bytes, spec.limits, verify=False)
@@ -94,7 +152,8 @@ def fetch_contribution(source: AuditSource, entry: AcceptedEntry):
     learner = source.state(entry.model_version)
     context = ExpectedContext(run_id=spec.run_id.hex(), chain_id=source.chain_id, contract=source.contract,
                               worker=entry.worker, ed25519_key=source.staked_key(entry.worker).hex(),
-                              model_version=entry.model_version, manifest_cid=learner.manifest_cid, digest=digest)
+                              model_version=entry.model_version, manifest_cid=learner.manifest_cid, digest=digest,
+                              nonce=commit.nonce if _exists(commit) else None, **run_codec(spec))
     return validate_contribution(header_bytes, files, spec.limits, context, source.grad_lengths(entry.model_version))
 
 
@@ -105,8 +164,8 @@ def check_payload(source: AuditSource, entry: AcceptedEntry):
     except PayloadError as exc:
         where = f" ({exc.field})" if getattr(exc, "field", None) else ""
         return [f"payload rejected{where}: {exc}"], None
-    except (StoreError, ModelError) as exc:
-        return [f"not available: {exc}"], None
+    except DATA_ERRORS as exc:
+        return [data_fault(exc)], None
     problems = []
     header = contribution.header
     if header.behaviour_version != entry.behaviour_version:
@@ -116,20 +175,37 @@ def check_payload(source: AuditSource, entry: AcceptedEntry):
     return problems, contribution
 
 
+def check_replay(source: AuditSource, contribution) -> list[tuple[str, bool, str]]:
+    """(name, ok, detail) of the cheap replay's two checks, assignment then rewards, as the coordinator
+    runs them before folding (`krill.protocol.work`)."""
+    from krill.protocol.work import check_assignment, check_rewards
+
+    if contribution is None:
+        return [(name, False, "not run: the payload is not valid") for name in ("assignment", "rewards")]
+    try:
+        task, tokenizer = source.task, source.tokenizer
+    except DATA_ERRORS as exc:
+        return [(name, False, f"not run: the run's tokenizer: {data_fault(exc)}") for name in ("assignment", "rewards")]
+    header, batch = contribution.header, contribution.rollouts
+    return [(c.name, c.ok, c.detail) for c in (check_assignment(source.spec, task, tokenizer, header, batch),
+                                               check_rewards(source.spec, task, tokenizer, header, batch))]
+
+
 def check_applied_once(source: AuditSource, version: int, entry: AcceptedEntry) -> list[str]:
     """Earlier versions that could have accepted the commit (model_version + 1 .. version - 1) did not."""
     for earlier in range(entry.model_version + 1, version):
         try:
             record = source.record(earlier)
-        except (StoreError, PayloadError, ModelError) as exc:
-            return [f"record of version {earlier} unavailable: {exc}"]
+        except DATA_ERRORS as exc:
+            return [f"record of version {earlier} unavailable: {data_fault(exc)}"]
         if any(a.commit_id == entry.commit_id for a in record.accepted):
             return [f"already applied in version {earlier}"]
     return []
 
 
 def audit_entry(source: AuditSource, version: int, entry: AcceptedEntry, report: AuditReport) -> Submission | None:
-    """Check one accepted entry into `report`; its submission when its payload could be validated."""
+    """Check one accepted entry into `report`; its submission when its payload could be validated and
+    its weight can be folded."""
     name = f"commit {entry.commit_id}"
     problems = check_on_chain(source, entry)
     report.add(f"{name} on-chain", not problems,
@@ -139,13 +215,20 @@ def audit_entry(source: AuditSource, version: int, entry: AcceptedEntry, report:
                or f"staleness {entry.staleness}, trust {trust:.4g} (coordinator's), weight {weight:.4g}")
     report.entries.append(EntryFigures(entry.commit_id, entry.worker, entry.model_version, entry.behaviour_version,
                                        entry.staleness, trust, weight, list(entry.shards)))
+    problems = check_nonce(source, entry)
+    report.add(f"{name} nonce", not problems, "; ".join(problems) or "the worker's first commit with this nonce")
+    problems = check_rollout_staleness(source, entry)
+    report.add(f"{name} rollout staleness", not problems, "; ".join(problems) or
+               f"rollouts {entry.model_version - entry.behaviour_version} behind the learner version")
     problems, contribution = check_payload(source, entry)
     ok = report.add(f"{name} payload", not problems, "; ".join(problems) or
                     f"signed by the staked key, {len(contribution.gradients)} shard gradients, "
                     f"{contribution.rollouts.n_sequences} rollouts")
+    for check, passed, detail in check_replay(source, contribution):
+        report.add(f"{name} {check}", passed, detail)
     problems = check_applied_once(source, version, entry)
     report.add(f"{name} applied once", not problems, "; ".join(problems) or "not accepted by an earlier version")
-    if contribution is None or not ok or math.isnan(weight):
+    if contribution is None or not ok or not weight > 0.0:  # NaN compares false: not folded either
         return None
     return entry_submission(entry, contribution)
 

@@ -18,16 +18,24 @@ Design decisions:
   record are kept for the version, so `--all` replays nothing twice.
 - Rejections are the coordinator's judgement and cannot be recomputed; the audit checks that
   each names a real commit of the run, and that no commit is both accepted and rejected.
+- Faulty public data (`krill.audit.source.DATA_ERRORS`: missing content, a blob that does not decode,
+  weights that cannot be folded, an id the chain cannot hold) fails the check that read it, and the
+  audit goes on with what it can still check. Any other exception is a fault of the audit, not a
+  finding about the version: it ends that version's audit as a failed `internal` check naming the
+  exception and where it was raised, after the checks already made, and the next version is audited
+  all the same. A chain outage (a `ConnectionError`) is neither, and propagates: no version can be
+  audited without the chain. Content the store cannot serve, reachable or not, fails the reads it
+  hit as not available: the audit cannot vouch for what it could not read.
 """
 
 from __future__ import annotations
 
 import hashlib
+import traceback
 
 from krill.audit.entries import audit_entry
 from krill.audit.report import AuditReport
-from krill.audit.source import AuditSource
-from krill.errors import ModelError, PayloadError, StoreError
+from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
 
 
 def _short(text: str | None) -> str:
@@ -35,19 +43,31 @@ def _short(text: str | None) -> str:
 
 
 def audit_version(source: AuditSource, version: int) -> AuditReport:
-    """Audit published version `version` (>= 1) of the run `source` reads."""
+    """Audit published version `version` (>= 1) of the run `source` reads; raises only on a chain outage."""
+    report = AuditReport(run_id=source.spec.run_id.hex(), version=version)
+    try:
+        _audit_into(source, version, report)
+    except ConnectionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded as a failed check: the other versions' reports must survive
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        report.add("internal", False, f"the audit itself failed: {type(exc).__name__}: {exc} "
+                                      f"(at {frame.filename}:{frame.lineno}); please report this")
+    return report
+
+
+def _audit_into(source: AuditSource, version: int, report: AuditReport) -> None:
     spec = source.spec
-    report = AuditReport(run_id=spec.run_id.hex(), version=version)
     info = source.version_info(version) if version >= 1 else None
     if not report.add("published", info is not None,
                       f"manifest digest {info.manifest_digest.hex()[:16]}… at block {info.published_block}"
                       if info is not None else f"version {version} is not a published version (1..latest)"):
-        return report
+        return
     try:
         record = source.record(version)
-    except (StoreError, PayloadError, ModelError) as exc:
-        report.add("record", False, f"aggregation record unavailable or invalid: {exc}")
-        return report
+    except DATA_ERRORS as exc:
+        report.add("record", False, f"aggregation record unavailable or invalid: {data_fault(exc)}")
+        return
     problems = []
     if record.run_id != spec.run_id.hex() or record.version != version:
         problems.append(f"names run {record.run_id[:16]}… version {record.version}")
@@ -58,9 +78,9 @@ def audit_version(source: AuditSource, version: int) -> AuditReport:
                f"rule {record.rule.get('type', '?')}")
     try:
         parent = source.state(version - 1)
-    except (StoreError, PayloadError, ModelError) as exc:
-        report.add("parent", False, f"version {version - 1} unavailable: {exc}")
-        return report
+    except DATA_ERRORS as exc:
+        report.add("parent", False, f"version {version - 1} unavailable: {data_fault(exc)}")
+        return
     ok = (record.parent_manifest_cid == parent.manifest_cid and record.parent_record_cid == parent.record_cid)
     report.add("parent", ok, f"version {version - 1} manifest {_short(parent.manifest_cid)}" if ok else
                f"record names parent manifest {_short(record.parent_manifest_cid)} / record "
@@ -70,9 +90,8 @@ def audit_version(source: AuditSource, version: int) -> AuditReport:
     submissions = [audit_entry(source, version, entry, report) for entry in record.accepted]
     if any(s is None for s in submissions) or not ok:
         report.add("recompute", False, "not attempted: an input above failed")
-        return report
+        return
     _recompute_and_compare(source, version, info, record, parent, submissions, report)
-    return report
 
 
 def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
@@ -84,7 +103,11 @@ def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
     if set(accepted) & set(rejected):
         problems.append(f"commits {sorted(set(accepted) & set(rejected))} are both accepted and rejected")
     for entry in record.rejected:
-        commit = source.chain.commit_of(entry.commit_id)
+        try:
+            commit = source.commit(entry.commit_id)
+        except DATA_ERRORS as exc:
+            problems.append(f"rejected commit {entry.commit_id} cannot be read on-chain: {data_fault(exc)}")
+            continue
         if commit.run_id != source.spec.run_id or commit.worker.lower() != entry.worker:
             problems.append(f"rejected commit {entry.commit_id} is not a commit of {entry.worker} in this run")
     reasons = sorted({r.reason_code for r in record.rejected})
@@ -102,18 +125,18 @@ def _recompute_and_compare(source: AuditSource, version: int, info, record, pare
     if len(outcomes) != len(record.shards) or not set(outcomes) <= set(range(parent.manifest.num_shards)):
         report.add("recompute", False, f"record lists shards {[o.shard for o in record.shards]}")
         return
-    learners = {v: source.state(v) for v in sorted({s.model_version for s in submissions})}
     try:
+        learners = {v: source.state(v) for v in sorted({s.model_version for s in submissions})}
         results = fold_version(source.spec, parent, submissions, learners, shards=sorted(outcomes))
-    except (StoreError, PayloadError, ModelError) as exc:
-        report.add("recompute", False, f"fold failed: {exc}")
+    except DATA_ERRORS as exc:
+        report.add("recompute", False, f"fold failed: {data_fault(exc)}")
         return
     report.add("recompute", True, f"folded {len(submissions)} contributions into shards {sorted(outcomes)}")
     try:
         published = source.state(version).manifest
-    except (StoreError, PayloadError, ModelError) as exc:
+    except DATA_ERRORS as exc:
         published = None
-        report.add("published manifest", False, f"unavailable: {exc}")
+        report.add("published manifest", False, data_fault(exc))
     shards = list(parent.manifest.shards)
     for r in results:
         outcome, s = outcomes[r.shard], r.shard
@@ -160,8 +183,8 @@ def _compare_masks(source: AuditSource, version: int, record, parent, results, r
     try:
         blob = encode_masks(derive_masks(spec, version, shapes, new_optimizer_states(parent, results)), shapes,
                             spec.run_id.hex(), version)
-    except (StoreError, PayloadError, ModelError) as exc:
-        report.add("masks", False, f"could not derive: {exc}")
+    except DATA_ERRORS as exc:
+        report.add("masks", False, f"could not derive: {data_fault(exc)}")
         return
     sha, cid = hashlib.sha256(blob).hexdigest(), file_cid(blob)
     if (record.masks_sha256, record.masks_cid) != (sha, cid):
@@ -170,8 +193,8 @@ def _compare_masks(source: AuditSource, version: int, record, parent, results, r
         return
     try:
         stored = hashlib.sha256(source.store.get(record.masks_cid)).hexdigest() == sha
-    except StoreError as exc:
-        report.add("masks", False, f"match the momentum, but the blob is not retrievable: {exc}")
+    except DATA_ERRORS as exc:
+        report.add("masks", False, f"match the momentum, but the blob is not retrievable: {data_fault(exc)}")
         return
     report.add("masks", stored, f"sha256 {sha[:16]}… matches the momentum" if stored else
                "match the momentum, but the stored blob differs")

@@ -5,12 +5,27 @@ Design decisions:
   one report says everything that is wrong with a version (a missing contribution does not hide a
   wrong manifest digest). Checks that cannot run because an input is missing say so and fail.
 - The report is plain data (`to_dict`) for `--json` and for other tools; `ok` is the conjunction of
-  every check, and `krill audit` exits 1 unless it holds.
+  every check, and `krill audit` exits 1 unless it holds. The plain data is strict JSON: a figure
+  that is not a finite number (a trust the record spells "abc") becomes null, as in the explorer's
+  JSON API; the check that read it says what the record held.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any
+
+
+def finite(value: Any) -> Any:
+    """`value` with every float that is not finite (NaN, infinity) replaced by None, in nested dicts and lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -29,7 +44,7 @@ class EntryFigures:
     model_version: int
     behaviour_version: int
     staleness: int
-    trust: float
+    trust: float  # NaN where the record's text is not a finite number (null in `to_dict`)
     weight: float
     shards: list[int]
 
@@ -54,6 +69,6 @@ class AuditReport:
         return bool(ok)
 
     def to_dict(self) -> dict:
-        return {"run_id": self.run_id, "version": self.version, "ok": self.ok,
-                "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
-                "contributions": [vars(e) for e in self.entries]}
+        return finite({"run_id": self.run_id, "version": self.version, "ok": self.ok,
+                       "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
+                       "contributions": [dict(vars(e)) for e in self.entries]})

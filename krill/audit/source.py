@@ -13,14 +13,39 @@ Design decisions:
   (it stores them every few versions) is replayed from the record's accepted contributions,
   fetched and validated as the audit does, with the record's weights. The replayed state must
   hash to the record's sha256, so a replay cannot vouch for what the record did not commit to.
+- `DATA_ERRORS` are what the core's loaders raise on public data that is missing, malformed or
+  inconsistent (including a blob that is not safetensors at all, which reaches the decoders of
+  `krill.protocol.state` as safetensors' own `SafetensorError`). The audit turns each into a failed
+  check of the version that read it; anything else is an error of the audit itself (see
+  `krill.audit.recompute`).
+- The run's commits are read once from the chain's `Committed` events, so the audit can apply the
+  coordinator's nonce rule (a worker's nonce counts once in a run: its first commit) from public
+  data alone.
 """
 
 from __future__ import annotations
 
-from krill.chain.types import ZERO32
+from safetensors import SafetensorError
+
+from krill.chain.errors import ChainInputError
+from krill.chain.types import ZERO32, CommitInfo
+from krill.errors import ModelError, PayloadError, StoreError
 from krill.protocol.record import AggregationRecord, load_record
 from krill.protocol.spec import RunSpec
 from krill.protocol.state import VersionState, load_chain_version
+from krill.rl.aggregate import AggregationError
+from krill.rl.optimizer import OptimizerError
+from krill.rl.staleness import StalenessError
+
+DATA_ERRORS: tuple[type[Exception], ...] = (StoreError, PayloadError, ModelError, OptimizerError, AggregationError,
+                                            StalenessError, ChainInputError, SafetensorError)
+
+
+def data_fault(exc: Exception) -> str:
+    """One line for a `DATA_ERRORS` fault: missing content is "not available", the rest names its type."""
+    if isinstance(exc, StoreError):
+        return f"not available: {exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class AuditSource:
@@ -31,6 +56,9 @@ class AuditSource:
         self._versions: dict[int, VersionState] = {}
         self._records: dict[int, AggregationRecord] = {}
         self._keys: dict[str, bytes] = {}
+        self._commits: dict[int, CommitInfo] = {}
+        self._first_commits: dict[tuple[str, int], int] | None = None
+        self._task = self._tokenizer = None
         self._chain_id: int | None = None
 
     @property
@@ -61,15 +89,16 @@ class AuditSource:
     def fold_inputs(self, version: int, record: AggregationRecord) -> tuple[list, dict[int, VersionState]]:
         """The submissions `record` (of `version`) accepted, and their learner states (`FoldReplay`)."""
         from krill.audit.entries import _float, entry_submission, fetch_contribution
-        from krill.errors import ModelError, PayloadError, StoreError
 
         submissions = []
         for entry in record.accepted:
             try:
                 contribution = fetch_contribution(self, entry)
-            except (PayloadError, StoreError, ModelError) as exc:
-                raise ModelError(f"replaying version {version}: commit {entry.commit_id} unavailable: {exc}") from None
-            if _float(entry.weight) is None:
+            except DATA_ERRORS as exc:
+                raise ModelError(f"replaying version {version}: commit {entry.commit_id} cannot be used: "
+                                 f"{data_fault(exc)}") from None
+            weight = _float(entry.weight)
+            if weight is None or weight <= 0.0:
                 raise ModelError(f"replaying version {version}: commit {entry.commit_id} has weight {entry.weight!r}")
             submissions.append(entry_submission(entry, contribution))
         return submissions, {v: self.state(v) for v in sorted({s.model_version for s in submissions})}
@@ -79,11 +108,48 @@ class AuditSource:
         if version not in self._records:
             info = self.version_info(version)
             if info is None:
-                from krill.errors import ModelError
-
                 raise ModelError(f"version {version} is not published")
             self._records[version] = load_record(self.store, info.record_digest)
         return self._records[version]
+
+    def commit(self, commit_id: int) -> CommitInfo:
+        """The chain's record of commit `commit_id` (worker = zero address: no such commit);
+        ChainInputError for an id that is no uint256."""
+        if commit_id not in self._commits:
+            self._commits[commit_id] = self.chain.commit_of(commit_id)
+        return self._commits[commit_id]
+
+    def first_commit(self, worker: str, nonce: int) -> int | None:
+        """The run's first commit by `worker` with `nonce`, from the chain's `Committed` events (None: none)."""
+        if self._first_commits is None:
+            from krill.chain.events import Committed
+
+            first: dict[tuple[str, int], int] = {}
+            start = int(self.chain.run_of(self.spec.run_id).created_block)
+            for event in self.chain.events(from_block=start, kinds=(Committed,)):
+                if isinstance(event, Committed) and event.run_id == self.spec.run_id:
+                    key = (event.worker.lower(), int(event.nonce))
+                    first[key] = min(first.get(key, event.commit_id), event.commit_id)
+            self._first_commits = first
+        return self._first_commits.get((worker.lower(), int(nonce)))
+
+    @property
+    def task(self):
+        """The run's task (its reward function and prompts), for the cheap replay."""
+        if self._task is None:
+            from krill.rl.tasks import get_task
+
+            self._task = get_task(self.spec.task)
+        return self._task
+
+    @property
+    def tokenizer(self):
+        """The run's tokenizer: the base manifest's bundle, checked against its CID (as the coordinator's)."""
+        if self._tokenizer is None:
+            from krill.protocol.policy import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.state(0))
+        return self._tokenizer
 
     def staked_key(self, worker: str) -> bytes:
         """The Ed25519 key `worker` registered with its stake (fixed on-chain once set)."""

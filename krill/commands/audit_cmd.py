@@ -3,8 +3,10 @@
 Design decisions:
 - Needs only chain + store access (config: chain, store, run.id); no keystore, no database.
 - Prints one table per version (check, result, detail) and a closing line; `--json` prints the
-  reports. Exit status 1 when any check of any audited version fails, 0 when all match, so the
-  command can gate scripts and CI.
+  reports as strict JSON (`AuditReport.to_dict` turns NaN and infinity into null, and
+  `allow_nan=False` fails loudly rather than print what a strict parser refuses). Exit status 1
+  when any check of any audited version fails, 0 when all match, so the command can gate scripts
+  and CI.
 - Heavy imports (web3, torch) happen inside the command.
 """
 
@@ -67,7 +69,7 @@ def audit(version: int | None, all_versions: bool, last: int | None, as_json: bo
     ok = all(r.ok for r in reports)
     if as_json:
         data = {"ok": ok, "versions": [r.to_dict() for r in reports]}
-        click.echo(json.dumps(reports[0].to_dict() if version is not None else data, sort_keys=True))
+        click.echo(json.dumps(reports[0].to_dict() if version is not None else data, sort_keys=True, allow_nan=False))
     else:
         console = Console(width=max(120, Console().width), highlight=False)
         for report in reports:

@@ -221,6 +221,9 @@ def test_audit_passes_for_honest_versions(run):
         assert {"manifest digest", "manifest cid", "shard 0 weights", "shard 1 weights", "recompute"} <= names
         optimizer = next(c["detail"] for c in report["checks"] if c["name"] == "shard 0 optimizer")
         assert ("not stored at this version" in optimizer) == (version == 1), optimizer
+        for entry in report["contributions"]:  # the coordinator's admission rules, from the real chain's events
+            rows = {f"commit {entry['commit_id']} {row}" for row in ("nonce", "rollout staleness", "assignment", "rewards")}
+            assert rows <= names
     stale = [e for e in report["contributions"] if e["staleness"] == 1]
     assert len(stale) == 1 and stale[0]["weight"] == TRUST / 2 and stale[0]["trust"] == TRUST
 
@@ -253,9 +256,11 @@ def test_audit_fails_when_a_contribution_is_not_available(run):
     code, report = _audit(run, 6)
     assert code == 1
     failed = _failed(report)
-    assert len(failed) == 2 and failed[0].endswith(" payload") and failed[1] == "recompute"
-    detail = next(c["detail"] for c in report["checks"] if c["name"] == failed[0])
-    assert "not available" in detail
+    entry = failed[0].removesuffix(" assignment")
+    assert failed == [f"{entry} assignment", f"{entry} payload", f"{entry} rewards", "recompute"], failed
+    details = {c["name"]: c["detail"] for c in report["checks"]}
+    assert "not available" in details[f"{entry} payload"]
+    assert details[f"{entry} rewards"] == "not run: the payload is not valid"  # the cheap replay needs the payload
 
 
 def test_audit_names_published_masks_the_momentum_does_not_give(run):

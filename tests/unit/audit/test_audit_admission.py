@@ -1,0 +1,219 @@
+"""The audit fails a version whose record folded a contribution an honest coordinator rejects.
+
+A tiny random Llama in a local store and the fake chain of `audit_fakes.py`. Two workers make real
+signed contributions with `krill.protocol.work` (the values they sign are seeded random gradients on
+the public masks, as in the integration fixture: a random model earns no reward). Versions 1..3 are
+honest and shared; each test forks the chain and publishes its own version 4, folded exactly as
+its record says, with one contribution that breaks one admission rule of `coordinator/ingest.py`.
+The audit must name that rule's check, and only it (and what cannot run after it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import nullcontext
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from audit_fakes import CHAIN_ID, CONTRACT, FakeChain
+from nacl.signing import SigningKey
+
+from krill.audit import AuditSource, audit_versions
+from krill.model.build import TinyModelSpec, build_tiny_model
+from krill.model.publish import publish_model_dir
+from krill.payload.contribution import ExpectedContext, validate_contribution
+from krill.payload.limits import PayloadLimits
+from krill.protocol.policy import build_model, load_tokenizer
+from krill.protocol.record import AcceptedEntry
+from krill.protocol.spec import RolloutSpec, RunSpec, VersionSpec, publish_spec
+from krill.protocol.state import load_chain_version
+from krill.protocol.step import Submission, fold_version, publish_version_content
+from krill.protocol.work import Identity, Learned, learn, package, sample
+from krill.rl.compression import CompressionConfig
+from krill.rl.engine.hf import HFEngine
+from krill.rl.staleness import staleness_weight
+from krill.rl.tasks import get_task
+from krill.store.local import LocalStore
+
+TINY = TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64)
+TRUST = 0.5
+
+
+class Run:
+    """The store, spec and workers of the run, and the coordinator's actions on a given fake chain."""
+
+    def __init__(self, root):
+        _, tokenizer = build_tiny_model(seed=3, spec=TINY, directory=root / "model")
+        self.store = LocalStore(root / "store")
+        manifest, manifest_cid = publish_model_dir(self.store, root / "model", num_shards=2)
+        self.spec = RunSpec(name="audit-unit", seed=7, task="arithmetic", base_manifest_cid=manifest_cid,
+                            num_shards=2, rollout=RolloutSpec(prompts_per_contribution=2, group_size=2),
+                            version=VersionSpec(contributions=2),
+                            compression=CompressionConfig(density=0.25, dtype="int8", dense_versions=1),
+                            limits=PayloadLimits(vocab_size=tokenizer.vocab_size + 8))
+        publish_spec(self.store, self.spec)
+        self.chain = FakeChain(self.spec.run_id)
+        self.chain.publish(0, hashlib.sha256(manifest.canonical_bytes()).digest(), b"\0" * 32)
+        self.workers = []
+        for i in range(2):
+            key = SigningKey(bytes([i + 21]) * 32)
+            who = Identity(CHAIN_ID, CONTRACT, "0x" + f"{i + 1:02x}" * 20, key)
+            self.chain.keys[who.worker] = bytes(key.verify_key)
+            self.workers.append(who)
+        self.task, self.rng = get_task(self.spec.task), np.random.default_rng(0)
+        self.next_nonce = {w.worker: 0 for w in self.workers}
+
+    def state(self, chain, version):
+        return load_chain_version(chain, self.store, self.spec, version)
+
+    def contribute(self, chain, who, behaviour, learner, *, nonce=None, commit_nonce=None, tamper=None, codec=None):
+        """Sample at `behaviour`, sign gradients at `learner`, upload and commit; (commit id, header, files)."""
+        b, v = self.state(chain, behaviour), self.state(chain, learner)
+        tok = load_tokenizer(b)
+        if nonce is None:
+            nonce = self.next_nonce[who.worker]
+            self.next_nonce[who.worker] += 1
+        engine = HFEngine(build_model(b), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=behaviour)
+        sampled = sample(self.spec, self.task, tok, engine, who.worker, nonce + (1000 if tamper == "assignment" else 0))
+        sampled.nonce = nonce  # claims `nonce`; with tamper="assignment" the prompts are another nonce's
+        if tamper == "rewards":
+            sampled.rewards = 1.0 - sampled.rewards
+        learned = learn(self.spec, build_model(v), v, sampled, [0, 1], tok.pad_token_id)
+        values = {s: {n: (self.rng.standard_normal(len(x)) * 1e-2).astype(np.float32) for n, x in vals.items()}
+                  for s, vals in learned.values.items()}
+        with mock.patch("krill.protocol.work.run_codec", return_value=codec) if codec else nullcontext():
+            header, files = package(self.spec, self.task, who, v, sampled, Learned(learner, values, 0.0))
+        for data in files.values():
+            self.store.add(data, pin=True)
+        self.store.put_block(header.encode(), pin=True)
+        commit_id = chain.commit(who.worker, learner, nonce if commit_nonce is None else commit_nonce, header.digest)
+        return commit_id, header, files
+
+    def publish(self, chain, version, contributions, record_weight=None):
+        """Fold `contributions` as their record says (bar `record_weight`, the weight it claims) and publish."""
+        parent = self.state(chain, version - 1)
+        accepted, submissions = [], []
+        for commit_id, header, files in contributions:
+            learner = self.state(chain, header.model_version)
+            masks = learner.masks()
+            lengths = {s: {n: int(masks[n].numel()) for n in learner.manifest.shard_names(s)} for s in (0, 1)}
+            c = validate_contribution(header.encode(), files, self.spec.limits, ExpectedContext(digest=header.digest),
+                                      lengths)
+            staleness = version - 1 - header.model_version
+            weight = TRUST * staleness_weight(staleness, self.spec.staleness)
+            submissions.append(Submission(commit_id, weight, header.model_version,
+                                          {s: g.values for s, g in c.gradients.items()}))
+            accepted.append(AcceptedEntry(commit_id=commit_id, worker=header.worker, header_digest=header.digest.hex(),
+                                          model_version=header.model_version,
+                                          behaviour_version=header.behaviour_version, staleness=staleness,
+                                          trust=repr(TRUST), weight=record_weight or repr(weight),
+                                          shards=sorted(c.gradients), mean_reward=repr(float(c.rollouts.rewards.mean())),
+                                          tokens=int(c.rollouts.n_tokens)))
+        learners = {v: self.state(chain, v) for v in {s.model_version for s in submissions}}
+        results = fold_version(self.spec, parent, submissions, learners)
+        content = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
+        chain.publish(version, hashlib.sha256(content.manifest.canonical_bytes()).digest(), content.record.digest)
+
+    def audit(self, chain, version):
+        (report,) = audit_versions(AuditSource(chain, self.store, self.spec), [version])
+        return report
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = Run(tmp_path_factory.mktemp("audit-admission"))
+        w1, w2 = r.workers
+        r.publish(r.chain, 1, [r.contribute(r.chain, w1, 0, 0), r.contribute(r.chain, w2, 0, 0)])
+        r.publish(r.chain, 2, [r.contribute(r.chain, w1, 1, 1)])
+        r.publish(r.chain, 3, [r.contribute(r.chain, w2, 2, 2)])
+        yield r
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _failed(report):
+    return {c.name: c.detail for c in report.failures}
+
+
+def test_honest_versions_pass_every_admission_check(run):
+    source = AuditSource(run.chain, run.store, run.spec)
+    for report in audit_versions(source, [1, 2, 3]):
+        assert report.ok, _failed(report)
+    names = {c.name for c in report.checks}
+    entry = next(n.removesuffix(" on-chain") for n in names if n.endswith(" on-chain"))
+    assert {f"{entry} {row}" for row in ("nonce", "rollout staleness", "payload", "assignment", "rewards")} <= names
+
+
+def test_a_header_naming_another_nonce_than_its_commit_fails_the_payload(run):
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 3, 3, nonce=50, commit_nonce=51)
+    run.publish(chain, 4, [contribution])
+    failed = _failed(run.audit(chain, 4))
+    assert "(header.nonce)" in failed[f"commit {cid} payload"], failed
+    assert set(failed) == {f"commit {cid} payload", f"commit {cid} assignment", f"commit {cid} rewards", "recompute"}
+    assert failed[f"commit {cid} rewards"] == "not run: the payload is not valid"
+
+
+@pytest.mark.parametrize("codec, field", [({"codec": "fp16", "block_size": 256}, "codec"),
+                                          ({"codec": "int8-block", "block_size": 64}, "block_size")])
+def test_gradients_in_a_codec_the_run_does_not_use_fail_the_payload(run, codec, field):
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 3, 3, codec=codec)
+    run.publish(chain, 4, [contribution])
+    failed = _failed(run.audit(chain, 4))
+    assert field in failed[f"commit {cid} payload"], failed
+    assert "recompute" in failed
+
+
+def test_rollouts_older_than_s_max_fail_the_rollout_staleness_check(run):
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 0, 3)  # sampled 3 > S_max = 2 versions back
+    run.publish(chain, 4, [contribution])
+    failed = _failed(run.audit(chain, 4))
+    assert list(failed) == [f"commit {cid} rollout staleness"], failed
+    assert "3 behind the learner version (S_max = 2)" in failed[f"commit {cid} rollout staleness"]
+
+
+def test_a_nonce_the_worker_committed_before_fails_the_nonce_check(run):
+    chain = run.chain.fork()
+    who = run.workers[1]
+    earlier = chain.commit(who.worker, 2, 77, b"\7" * 32)  # never folded (say rejected): the chain still has it
+    cid, *_ = contribution = run.contribute(chain, who, 3, 3, nonce=77)
+    run.publish(chain, 4, [contribution])
+    failed = _failed(run.audit(chain, 4))
+    assert list(failed) == [f"commit {cid} nonce"], failed
+    assert f"already committed by this worker in commit {earlier}" in failed[f"commit {cid} nonce"]
+
+
+def test_forged_rewards_fail_the_rewards_check(run):
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 3, 3, tamper="rewards")
+    run.publish(chain, 4, [contribution])
+    failed = _failed(run.audit(chain, 4))
+    assert list(failed) == [f"commit {cid} rewards"], failed
+    assert "rewards differ from the task's" in failed[f"commit {cid} rewards"]
+
+
+def test_prompts_not_assigned_to_the_worker_fail_the_assignment_check(run):
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 3, 3, tamper="assignment")
+    run.publish(chain, 4, [contribution])
+    failed = _failed(run.audit(chain, 4))
+    assert f"commit {cid} assignment" in failed and set(failed) <= {f"commit {cid} assignment", f"commit {cid} rewards"}
+    assert "do not start with their assigned prompt" in failed[f"commit {cid} assignment"]
+
+
+@pytest.mark.parametrize("weight", ["0.0", "-1.0"])
+def test_a_weight_that_cannot_be_folded_fails_checks_without_stopping_the_audit(run, weight):
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 3, 3)
+    run.publish(chain, 4, [contribution], record_weight=weight)
+    failed = _failed(run.audit(chain, 4))
+    assert set(failed) == {f"commit {cid} weight", "recompute"}, failed
+    assert "is not a finite positive number" in failed[f"commit {cid} weight"]
+    assert failed["recompute"] == "not attempted: an input above failed"
