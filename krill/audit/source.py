@@ -14,8 +14,8 @@ Design decisions:
   fetched and validated as the audit does, with the record's weights. The replayed state must
   hash to the record's sha256, so a replay cannot vouch for what the record did not commit to.
 - `DATA_ERRORS` are what the core's loaders raise on public data that is missing, malformed or
-  inconsistent (including a blob that is not safetensors at all, which reaches the decoders of
-  `krill.protocol.state` as safetensors' own `SafetensorError`). The audit turns each into a failed
+  inconsistent (the loaders turn a blob that is not safetensors into ModelError / OptimizerError;
+  safetensors' own `SafetensorError` stays listed for any decoder that does not). The audit turns each into a failed
   check of the version that read it; anything else is an error of the audit itself (see
   `krill.audit.recompute`).
 - The run's commits are read once from the chain's `Committed` events, so the audit can apply the

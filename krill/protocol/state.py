@@ -40,10 +40,15 @@ from krill.rl.compression import shared_masks
 
 
 def momentum_from_state(blob: bytes) -> dict[str, torch.Tensor]:
-    """The first-moment tensors (`m/<name>`) of a ShardAdamW state blob."""
+    """The first-moment tensors (`m/<name>`) of a ShardAdamW state blob; ModelError if it is not one."""
+    from safetensors import SafetensorError
     from safetensors.torch import load
 
-    return {key[2:]: t for key, t in load(blob).items() if key.startswith("m/")}
+    try:
+        tensors = load(blob)
+    except (SafetensorError, ValueError) as exc:
+        raise ModelError(f"optimizer state: not a valid safetensors file ({exc})") from exc
+    return {key[2:]: t for key, t in tensors.items() if key.startswith("m/")}
 
 
 def derive_masks(spec: RunSpec, version: int, shapes: dict[str, torch.Size],

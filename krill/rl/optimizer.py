@@ -96,22 +96,36 @@ class ShardAdamW:
         return st_save(tensors, metadata={_META_KEY: json.dumps(meta, sort_keys=True)})
 
     def load_state_bytes(self, blob: bytes) -> None:
+        """Restore moments and step count from `save_state_bytes` output; OptimizerError naming what is wrong."""
+        from safetensors import SafetensorError
 
-        tensors = st_load(blob)
+        try:
+            tensors = st_load(blob)
+        except (SafetensorError, ValueError) as exc:
+            raise OptimizerError(f"optimizer state: not a valid safetensors file ({exc})") from exc
         meta = _metadata(blob)
         if meta.get("format") != "krill-adamw/1":
             raise OptimizerError("optimizer state: not a krill-adamw/1 blob")
-        if AdamWConfig.model_validate_json(meta["config"]) != self.config:
+        try:
+            config = AdamWConfig.model_validate_json(meta["config"])
+        except (KeyError, ValueError) as exc:
+            raise OptimizerError(f"optimizer state: its AdamW config is unreadable ({str(exc)[:200]})") from None
+        if config != self.config:
             raise OptimizerError("optimizer state: saved with a different AdamW config")
         names = set(self.params)
-        if {k[2:] for k in tensors} != names or len(tensors) != 2 * len(names):
+        if set(tensors) != {f"{moment}/{n}" for n in names for moment in ("m", "v")}:
             raise OptimizerError("optimizer state: parameter names differ from the shard's")
+        try:
+            step = int(meta["step"])
+        except (KeyError, TypeError, ValueError):
+            raise OptimizerError(f"optimizer state: step {str(meta.get('step'))[:40]!r} is not an integer") from None
+        for key in sorted(tensors):  # every shape first: a refused blob changes nothing
+            if tensors[key].shape != self.params[key[2:]].shape:
+                raise OptimizerError(f"optimizer state: {key} has shape {tuple(tensors[key].shape)}")
         for n in names:
-            for key, target in ((f"m/{n}", self.exp_avg), (f"v/{n}", self.exp_avg_sq)):
-                if tensors[key].shape != self.params[n].shape:
-                    raise OptimizerError(f"optimizer state: {key} has shape {tuple(tensors[key].shape)}")
-                target[n] = tensors[key].to(torch.float32).clone()
-        self.step_count = int(meta["step"])
+            self.exp_avg[n] = tensors[f"m/{n}"].to(torch.float32).clone()
+            self.exp_avg_sq[n] = tensors[f"v/{n}"].to(torch.float32).clone()
+        self.step_count = step
 
 
 _META_KEY = "krill-adamw"

@@ -67,3 +67,39 @@ def test_mismatched_gradients_rejected():
     with pytest.raises(OptimizerError, match="shape"):
         opt.step({"w": torch.zeros(3)})
     assert not math.isnan(opt.step({"w": torch.zeros(2)}))
+
+
+def test_a_malformed_state_blob_is_an_optimizer_error_and_changes_nothing():
+    import json
+
+    import pytest
+    from safetensors.torch import save as st_save
+
+    from krill.errors import ModelError
+    from krill.protocol.state import momentum_from_state
+    from krill.rl.optimizer import AdamWConfig, OptimizerError, ShardAdamW
+
+    params = {"w": torch.zeros(3)}
+    good = ShardAdamW(params, AdamWConfig())
+    good.step({"w": torch.ones(3)})
+    blob = good.state_bytes()
+    meta = json.loads(json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")])["__metadata__"]["krill-adamw"])
+    tensors = {"m/w": torch.ones(3), "v/w": torch.ones(3)}
+
+    def with_meta(**changes):
+        return st_save(tensors, metadata={"krill-adamw": json.dumps({**meta, **changes})})
+
+    bad = {b"not safetensors": "not a valid safetensors file",
+           with_meta(step="x"): "step 'x' is not an integer",
+           with_meta(config="{"): "AdamW config is unreadable",
+           st_save({"m/w": torch.ones(3), "x/w": torch.ones(3)},
+                   metadata={"krill-adamw": json.dumps(meta)}): "parameter names differ",
+           st_save({"m/w": torch.ones(3), "v/w": torch.ones(4)},
+                   metadata={"krill-adamw": json.dumps(meta)}): r"v/w has shape \(4,\)"}
+    for data, why in bad.items():
+        fresh = ShardAdamW(params, AdamWConfig())
+        with pytest.raises(OptimizerError, match=why):
+            fresh.load_state_bytes(data)
+        assert fresh.step_count == 0 and not any(t.any() for t in fresh.exp_avg.values())
+    with pytest.raises(ModelError, match="not a valid safetensors file"):
+        momentum_from_state(b"garbage")
