@@ -168,7 +168,7 @@ class _SpecRun:
         engine = self.replayer.engine(self.states[behaviour], self.tok)
         started = time.perf_counter()
         outcome = check_resample(self.spec, self.task, self.tok, header, batch, engine)
-        teacher = teacher_logprob_diff(engine, rollouts_from_payload(batch))
+        teacher = teacher_logprob_diff(engine, rollouts_from_payload(batch), self.spec.rollout.temperature_milli / 1000)
         mismatches = outcome.figures["token_mismatches"]
         out = [HonestCheck(stage="resample", behaviour_version=behaviour, token_mismatches=mismatches,
                            max_logprob_diff=outcome.figures["max_logprob_diff"] if mismatches == 0 else 0.0,

@@ -126,6 +126,17 @@ class RunSpec(_Part):
                     data = {**data, key: over_run_default(key, data[key])}
         return data
 
+    @model_validator(mode="after")
+    def _learner_temperature_is_the_samplers(self) -> RunSpec:
+        """The learner's log-probs must be the sampler's distribution, else the importance ratio is off
+        on on-policy data (clipping fires, the gradient is biased) and the verifier's teacher-forced
+        comparison fails honest work."""
+        sampling = self.rollout.temperature_milli / 1000
+        if abs(self.loss.temperature - sampling) > 1e-9:
+            raise ValueError(f"loss.temperature {self.loss.temperature:g} must equal the sampling temperature "
+                             f"rollout.temperature_milli / 1000 = {sampling:g}")
+        return self
+
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
 

@@ -246,11 +246,12 @@ def check_rewards(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Rol
                          "recomputed_mean": float(recomputed.mean())})
 
 
-def teacher_logprob_diff(engine, claimed: Rollouts) -> float:
-    """Max |claimed behaviour log-prob - teacher-forced log-prob under the engine's policy|."""
+def teacher_logprob_diff(engine, claimed: Rollouts, temperature: float) -> float:
+    """Max |claimed behaviour log-prob - teacher-forced log-prob under the engine's policy| at the
+    sampling `temperature` (the claimed log-probs are the sampler's, of logits / temperature)."""
     if not claimed.logprobs.numel():
         return 0.0
-    return float((claimed.logprobs - engine.logprobs(claimed)).abs().max())
+    return float((claimed.logprobs - engine.logprobs(claimed, temperature)).abs().max())
 
 
 def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: RolloutBatch, engine,
@@ -277,7 +278,7 @@ def check_resample(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: Ro
         ok = diff <= verify.logprob_abs_tol
         return CheckOutcome("resample", ok, f"tokens re-sampled exactly; max log-prob difference {diff:.2e}", figures)
     # Tokens differ: still measure how plausible the claimed tokens are under the policy.
-    diff = teacher_logprob_diff(engine, claimed)
+    diff = teacher_logprob_diff(engine, claimed, params.temperature)
     figures["max_logprob_diff"] = diff
     ok = not verify.exact_resample and diff <= verify.logprob_abs_tol
     return CheckOutcome("resample", ok, f"{token_mismatch} of {len(again)} sequences differ from the re-sample; "

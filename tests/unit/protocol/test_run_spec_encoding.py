@@ -53,3 +53,16 @@ def test_a_partial_compression_or_optimizer_table_keeps_the_run_defaults_it_does
     defaults = {p.name: p.default for p in local_command.params}
     assert (defaults["lr"], defaults["density"], defaults["value_dtype"], defaults["dense_versions"]) == (
         plain.optimizer.lr, plain.compression.density, plain.compression.dtype, plain.compression.dense_versions)
+
+
+def test_the_learner_temperature_must_be_the_sampling_temperature():
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.protocol.spec import RolloutSpec
+    from krill.rl.loss import LossConfig
+
+    with pytest.raises(ValidationError, match=r"loss.temperature 1 must equal the sampling temperature .* = 0.5"):
+        _spec(rollout=RolloutSpec(temperature_milli=500))
+    assert _spec(rollout=RolloutSpec(temperature_milli=500), loss=LossConfig(temperature=0.5)).loss.temperature == 0.5
+    assert _spec().loss.temperature == 1.0
