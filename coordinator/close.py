@@ -142,6 +142,7 @@ class Decision:
 
 def decide(ctx, version: int, now: float | None = None) -> Decision | None:
     """Close `version` if it is time; journal the decision and return it (None: keep collecting)."""
+    from krill.coordinator.confirm import refuted_fails
     from krill.coordinator.trust import Standing, weigh
     from krill.protocol.record import RejectedEntry
 
@@ -151,7 +152,9 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
             Contribution.run_id == ctx.run_hex, Contribution.status == ContributionStatus.ACCEPTED,
             Contribution.aggregated_version.is_(None)).order_by(Contribution.commit_id)))
         workers = {c.worker for c in waiting}
-        standing = {p.address: Standing(p.checks_passed, p.checks_failed, p.jailed) for p in s.scalars(
+        false_fails = refuted_fails(s, ctx.run_hex, workers)  # failing verdicts the replay refuted
+        standing = {p.address: Standing(p.checks_passed, max(0, p.checks_failed - false_fails.get(p.address, 0)),
+                                        p.jailed) for p in s.scalars(
             select(Participant).where(Participant.address.in_(workers)))} if workers else {}
     eligible, late = [], []
     for row in waiting:

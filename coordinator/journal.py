@@ -64,6 +64,8 @@ def ensure_tables(database) -> None:
     release lacks (nullable, so its rows keep their meaning); idempotent, safe with concurrent openers."""
     from sqlalchemy import inspect, text
 
+    import krill.coordinator.confirm  # noqa: F401  (its table is on this MetaData)
+
     with database.engine.execution_options(krill_write=True).begin() as conn:
         CoordinatorBase.metadata.create_all(conn)
         have = {c["name"] for c in inspect(conn).get_columns(VersionDecision.__tablename__)}

@@ -7,6 +7,10 @@ Design decisions:
   coordinator), the revert is recorded as a skip, not a crash.
 - The slash jails the worker on-chain; the index picks up `WorkerJailed` on its next pass, and
   from then on ingest and close reject that worker's contributions as `jailed`.
+- A quorum is not proof: before the transaction the coordinator replays the commit
+  (`krill.coordinator.confirm`) and slashes only what its own replay fails. A refuted quorum is
+  recorded and reported, never slashed, and never replayed again; one the replay cannot decide
+  yet (content not fetched) waits for a later pass.
 """
 
 from __future__ import annotations
@@ -26,20 +30,35 @@ class SlashOutcome:
     note: str = ""
 
 
-def slash_due(ctx) -> list[SlashOutcome]:
-    """Slash every commit of the run that a quorum of verifiers failed."""
+def slash_due(ctx, now: float | None = None) -> list[SlashOutcome]:
+    """Slash every commit of the run that a quorum of verifiers failed and the coordinator's replay confirms."""
+    import time
+
     from krill.chain import errors as ce
     from krill.chain.events import Slashed
+    from krill.coordinator.confirm import confirm_failure, record_refutation, refuted
 
+    now = time.time() if now is None else now
     quorum = ctx.spec.chain.attestation_quorum
     with ctx.db.session() as s:
         due = s.execute(select(Commit.commit_id, Commit.worker).where(
             Commit.run_id == ctx.run_hex, Commit.fail_count >= quorum, Commit.slashed.is_(False))
             .order_by(Commit.commit_id)).all()
+        settled = refuted(s, ctx.run_hex) if due else set()
     out = []
     for commit_id, worker in due:
+        if commit_id in settled:
+            continue
         info = ctx.chain.commit_of(commit_id)
         if info.slashed or info.fail_count < quorum:
+            continue
+        confirmation = confirm_failure(ctx, commit_id)
+        if confirmation.confirmed is None:
+            continue  # the replay cannot decide yet: a later pass will
+        if not confirmation.confirmed:
+            record_refutation(ctx, commit_id, worker, confirmation.detail, now)
+            out.append(SlashOutcome(commit_id, worker, None, f"refuted by the coordinator's replay "
+                                                             f"({confirmation.detail[:300]})"))
             continue
         try:
             event = ctx.chain.slash(commit_id).event(Slashed)

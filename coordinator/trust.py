@@ -2,9 +2,13 @@
 
 Design decisions:
 - Trust is the mean of Beta(prior_alpha + passes, prior_beta + fails), with the prior taken from
-  the RUN SPEC (not from the indexer's default), so every coordinator of a run, and `krill
-  audit`, compute the same number from the same verdict counts. New workers start at
+  the RUN SPEC (not from the indexer's default), so every coordinator of a run computes the same
+  number from the same verdict counts (`krill audit` checks the weight against the trust a record
+  claims). New workers start at
   prior_alpha / (prior_alpha + prior_beta): low.
+- Failing verdicts on a commit whose quorum the coordinator's replay refuted do not count
+  (`krill.coordinator.confirm.refuted_fails`): a verifier cannot lower an honest worker's trust by
+  attesting failures the work does not have.
 - A jailed worker (one of its commits was slashed) has no trust: its contributions are rejected
   outright, not merely down-weighted. Below the spec's floor a contribution is rejected too.
 - Weights are float64 and written to the record as `repr`, so a recomputation uses the same bits.

@@ -55,7 +55,7 @@ class Env:
         c.stake(Role.WORKER if index < 10 else Role.VERIFIER, 100 * TOKEN, bytes(key.verify_key))
         return account, Identity(self.deployment.chain_id, self.deployment.protocol.lower(), account.address.lower(), key)
 
-    def produce(self, who, nonce: int, version: int = 0):
+    def produce(self, who, nonce: int, version: int = 0, forge_rewards: bool = False):
         from krill.protocol.policy import build_model, load_tokenizer
         from krill.protocol.state import load_chain_version
         from krill.protocol.work import learn, package, sample
@@ -67,6 +67,8 @@ class Env:
         model = build_model(state)
         engine = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=version)
         sampled = sample(self.spec, task, tok, engine, who.worker, nonce)
+        if forge_rewards:  # what the forge-rewards worker reports: every claim wrong
+            sampled.rewards = (1.0 - sampled.rewards).to(sampled.rewards.dtype)
         learned = learn(self.spec, model, state, sampled, list(range(self.spec.num_shards)), tok.pad_token_id)
         return package(self.spec, task, who, state, sampled, learned)
 

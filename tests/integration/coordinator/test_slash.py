@@ -16,7 +16,7 @@ def test_failing_quorum_slashes_jails_and_excludes_the_worker(coordinator_env):
     commits = {}
     for name, account, who, nonce in (("honest", honest, w_honest, 0), ("bad", cheat, w_cheat, 0),
                                       ("later", cheat, w_cheat, 1)):
-        header, files = env.produce(who, nonce=nonce)
+        header, files = env.produce(who, nonce=nonce, forge_rewards=name == "bad")
         env.upload(header, files)
         commits[name] = env.commit(account, header)
     v = env.chain.as_account(verifier)
@@ -43,3 +43,48 @@ def test_failing_quorum_slashes_jails_and_excludes_the_worker(coordinator_env):
     lines.clear()
     assert coordinator.step() == []
     assert not any("slash" in line for line in lines), lines
+
+
+def test_a_failing_quorum_the_coordinators_replay_refutes_is_not_slashed(coordinator_env):
+    """Any staked verifier may attest; one that fails honest work gets no slash, no bounty, and no
+    effect on the worker's trust."""
+    from krill.coordinator.confirm import Refutation
+    from krill.coordinator.loop import Coordinator, LoopOptions
+    from krill.db.models import Participant
+
+    env = coordinator_env()
+    (honest, w_honest), (liar, _) = env.stake(1), env.stake(10)
+    header, files = env.produce(w_honest, nonce=0)
+    env.upload(header, files)
+    commit = env.commit(honest, header)
+    env.chain.as_account(liar).attest(commit, False, hashlib.sha256(b"made-up evidence").digest())
+
+    ctx, indexer = env.context()
+    lines: list[str] = []
+    coordinator = Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lines.append)
+    assert coordinator.step() == []
+    assert not env.chain.commit_of(commit).slashed and not env.chain.stake_of(honest.address).jailed
+    assert env.chain.claimable_of(liar.address) == 0
+    assert any(f"commit {commit}" in line and "refuted by the coordinator's replay" in line for line in lines), lines
+    with ctx.db.session() as s:
+        refutation = s.get(Refutation, (ctx.run_hex, commit))
+        row = s.get(Contribution, commit)
+        assert s.get(Participant, honest.address.lower()).checks_failed == 1  # the index counts the verdict...
+    assert "resample" in refutation.detail and "gradient" in refutation.detail
+    assert row.status == ContributionStatus.ACCEPTED
+
+    from krill.coordinator.close import decide
+
+    header2, files2 = env.produce(w_honest, nonce=1)  # K = 2: the second contribution closes version 1
+    env.upload(header2, files2)
+    env.commit(honest, header2)
+    indexer.sync()
+    from krill.coordinator.ingest import ingest
+
+    ingest(ctx, next_version=1)
+    decision = decide(ctx, 1)
+    assert decision is not None and {e["trust"] for e in decision.accepted} == {repr(0.25)}  # ...trust does not
+
+    lines.clear()  # another pass: the refuted commit is not replayed again
+    coordinator.step()
+    assert not any(f"commit {commit}" in line for line in lines), lines
