@@ -37,7 +37,6 @@ from krill.db.models import (
     ChainEventRow,
     Contribution,
     ContributionStatus,
-    Participant,
     RejectionCode,
     Version,
 )
@@ -142,7 +141,8 @@ class Decision:
 
 def decide(ctx, version: int, now: float | None = None) -> Decision | None:
     """Close `version` if it is time; journal the decision and return it (None: keep collecting)."""
-    from krill.coordinator.confirm import refuted_fails
+    from krill.coordinator.confirm import refuted
+    from krill.coordinator.standing import standings
     from krill.coordinator.trust import Standing, weigh
     from krill.protocol.record import RejectedEntry
 
@@ -151,11 +151,8 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
         waiting = list(s.scalars(select(Contribution).where(
             Contribution.run_id == ctx.run_hex, Contribution.status == ContributionStatus.ACCEPTED,
             Contribution.aggregated_version.is_(None)).order_by(Contribution.commit_id)))
-        workers = {c.worker for c in waiting}
-        false_fails = refuted_fails(s, ctx.run_hex, workers)  # failing verdicts the replay refuted
-        standing = {p.address: Standing(p.checks_passed, max(0, p.checks_failed - false_fails.get(p.address, 0)),
-                                        p.jailed) for p in s.scalars(
-            select(Participant).where(Participant.address.in_(workers)))} if workers else {}
+        standing = standings(s, ctx.run_hex, {c.worker for c in waiting}, ctx.spec.chain.check_probability_ppm,
+                             refuted(s, ctx.run_hex))
     eligible, late = [], []
     for row in waiting:
         w = weigh(ctx.spec, standing.get(row.worker, Standing(0, 0, False)), version, row.version)

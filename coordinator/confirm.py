@@ -12,7 +12,7 @@ Design decisions:
   carries (not only the one a verifier drew). It slashes only when one of them fails.
 - A quorum the replay refutes is recorded (`Refutation`, the coordinator's own table) with the
   checks that passed, never retried, and its failing verdicts do not count against the worker's
-  trust (`refuted_fails`). The commit ids stay public in the index (fail count at quorum, not
+  trust (`krill.coordinator.standing`). The commit ids stay public in the index (fail count at quorum, not
   slashed), so anyone can replay them, and `krill audit` lists them.
 - Content the coordinator cannot fetch is the worker's fault only once ingest rejected it as
   unavailable (after the run's deadline); before that the decision waits for the next pass.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, Float, String, Text, func, select
+from sqlalchemy import BigInteger, Float, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from krill.coordinator.journal import CoordinatorBase
@@ -113,17 +113,6 @@ def _engine(ctx, version: int, tok):
 def refuted(session, run_id: str) -> set[int]:
     """Commit ids of `run_id` whose failing quorum was refuted."""
     return set(session.scalars(select(Refutation.commit_id).where(Refutation.run_id == run_id)))
-
-
-def refuted_fails(session, run_id: str, workers: set[str]) -> dict[str, int]:
-    """Failing verdicts on refuted commits, per worker: they do not count against trust."""
-    if not workers:
-        return {}
-    rows = session.execute(select(Refutation.worker, func.sum(Commit.fail_count))
-                           .join(Commit, Commit.commit_id == Refutation.commit_id)
-                           .where(Refutation.run_id == run_id, Refutation.worker.in_(sorted(workers)))
-                           .group_by(Refutation.worker)).all()
-    return {worker: int(n or 0) for worker, n in rows}
 
 
 def record_refutation(ctx, commit_id: int, worker: str, detail: str, now: float) -> None:

@@ -17,28 +17,8 @@ Design decisions:
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 from krill.coordinator.journal import VersionDecision
-
-MAX_SETTLE_ACCOUNTS = 64
-
-
-def reward_split(total: int, accepted: list[dict], max_accounts: int = MAX_SETTLE_ACCOUNTS) -> list[tuple[str, int]]:
-    """[(worker, amount)] with sum(amount) == total (or [] when nothing can be split), address order."""
-    weights: dict[str, Fraction] = {}
-    for entry in accepted:
-        weights[entry["worker"]] = weights.get(entry["worker"], Fraction(0)) + Fraction(float(entry["weight"]))
-    ranked = sorted(((w, a) for a, w in weights.items() if w > 0), key=lambda x: (-x[0], x[1]))[:max_accounts]
-    whole = sum(w for w, _ in ranked)
-    if total <= 0 or whole == 0:
-        return []
-    exact = {a: total * w / whole for w, a in ranked}
-    amounts = {a: int(x) for a, x in exact.items()}  # floor: every x >= 0
-    left = total - sum(amounts.values())
-    for a in sorted(exact, key=lambda a: (-(exact[a] - amounts[a]), a))[:left]:
-        amounts[a] += 1
-    return sorted((a, n) for a, n in amounts.items() if n > 0)
+from krill.protocol.rewards import reward_split
 
 
 def settle_version(ctx, version: int, unsettled: bool = False) -> tuple[list[tuple[str, int]], str | None]:

@@ -6,9 +6,8 @@ Design decisions:
   number from the same verdict counts (`krill audit` checks the weight against the trust a record
   claims). New workers start at
   prior_alpha / (prior_alpha + prior_beta): low.
-- Failing verdicts on a commit whose quorum the coordinator's replay refuted do not count
-  (`krill.coordinator.confirm.refuted_fails`): a verifier cannot lower an honest worker's trust by
-  attesting failures the work does not have.
+- The verdict counts are those of `krill.coordinator.standing`: verdicts of selected verifiers only,
+  less failures on commits whose quorum the coordinator's replay refuted.
 - A jailed worker (one of its commits was slashed) has no trust: its contributions are rejected
   outright, not merely down-weighted. Below the spec's floor a contribution is rejected too.
 - Weights are float64 and written to the record as `repr`, so a recomputation uses the same bits.

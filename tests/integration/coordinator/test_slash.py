@@ -88,3 +88,47 @@ def test_a_failing_quorum_the_coordinators_replay_refutes_is_not_slashed(coordin
     lines.clear()  # another pass: the refuted commit is not replayed again
     coordinator.step()
     assert not any(f"commit {commit}" in line for line in lines), lines
+
+
+def test_only_verdicts_of_selected_verifiers_count_towards_trust(coordinator_env):
+    """Anyone staked may attest, so a worker's own verifiers could pass its commits; only the verdict of a
+    verifier the commit's sealed randomness selected moves trust."""
+    from nacl.signing import SigningKey
+
+    from krill.chain.deploy import TOKEN
+    from krill.chain.rpc import dev_account
+    from krill.chain.types import Role
+    from krill.coordinator.close import decide
+    from krill.coordinator.ingest import ingest
+    from krill.coordinator.journal import ensure_tables
+    from krill.protocol.selection import drawn
+
+    env = coordinator_env()
+    worker, who = env.stake(1)
+    ids = []
+    for nonce in (0, 1):  # K = 2: the second closes version 1
+        header, files = env.produce(who, nonce=nonce)
+        env.upload(header, files)
+        ids.append(env.commit(worker, header))
+    randomness = env.chain.seal_randomness_now(ids[0])
+    ppm = env.spec.chain.check_probability_ppm
+
+    def key(seed: int) -> bytes:
+        return bytes(SigningKey(seed.to_bytes(32, "big")).verify_key)
+
+    picked = next(k for k in map(key, range(1, 200)) if drawn(randomness, ids[0], k, ppm))
+    skipped = next(k for k in map(key, range(1, 200)) if not drawn(randomness, ids[0], k, ppm))
+    for index, verifier_key in ((10, picked), (11, skipped)):  # the provisioned verifier accounts
+        account = dev_account(index)
+        verifier = env.chain.as_account(account)
+        verifier.approve_stake(100 * TOKEN)
+        verifier.stake(Role.VERIFIER, 100 * TOKEN, verifier_key)
+        verifier.attest(ids[0], True, hashlib.sha256(b"ok").digest())
+
+    ctx, indexer = env.context()
+    ensure_tables(ctx.db)
+    indexer.sync()
+    ingest(ctx, next_version=1)
+    decision = decide(ctx, 1)
+    # prior Beta(1, 3); one selected pass of the two: (1 + 1) / (1 + 1 + 3)
+    assert decision is not None and {e["trust"] for e in decision.accepted} == {repr(2 / 5)}

@@ -1,0 +1,52 @@
+"""What a worker's trust is computed from: the verdicts that count, and its jail state.
+
+Design decisions:
+- A verdict counts only if the commit's sealed randomness selected its verifier (the contract's
+  draw, `krill.protocol.selection.drawn`). Anyone staked may attest on any commit, which lets
+  verifiers corroborate a failure (those verdicts count towards the on-chain slash quorum), but
+  an unselected verdict must not move trust: a worker's own sybil verifiers passing its commits
+  would otherwise raise its weight from the prior 0.25 towards 1 after a few commits.
+- Failing verdicts on a commit whose quorum the coordinator's replay refuted do not count
+  (`krill.coordinator.confirm`).
+- Counts are over this run's commits: the run spec's prior is the run's, and another run's
+  verdicts judged other work.
+- Draws are cached per (commit, verifier): a verdict's draw never changes once the randomness is
+  sealed, and every close weighs the same workers again.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import aliased
+
+from krill.coordinator.trust import Standing
+from krill.db.models import Commit, Participant, Verdict
+from krill.protocol.selection import drawn
+
+_DRAWS: dict[tuple[int, str], bool] = {}
+
+
+def standings(session, run_id: str, workers: set[str], probability_ppm: int,
+              refuted: set[int] = frozenset()) -> dict[str, Standing]:
+    """{worker: Standing} for `workers` (a worker the index does not know is absent)."""
+    if not workers:
+        return {}
+    names = sorted(workers)
+    out = {p.address: [0, 0, bool(p.jailed)] for p in session.scalars(
+        select(Participant).where(Participant.address.in_(names)))}
+    checker = aliased(Participant)
+    rows = session.execute(
+        select(Commit.worker, Commit.commit_id, Commit.randomness, Verdict.verifier, Verdict.ok, checker.ed25519_key)
+        .join(Verdict, Verdict.commit_id == Commit.commit_id)
+        .join(checker, checker.address == Verdict.verifier)
+        .where(Commit.run_id == run_id, Commit.worker.in_(names))).all()
+    for worker, commit_id, randomness, verifier, ok, key in rows:
+        if worker not in out or randomness is None or key is None or (not ok and commit_id in refuted):
+            continue
+        draw = _DRAWS.get((commit_id, verifier))
+        if draw is None:
+            draw = _DRAWS[(commit_id, verifier)] = drawn(bytes.fromhex(randomness), commit_id, bytes.fromhex(key),
+                                                         probability_ppm)
+        if draw:
+            out[worker][0 if ok else 1] += 1
+    return {w: Standing(passes, fails, jailed) for w, (passes, fails, jailed) in out.items()}
