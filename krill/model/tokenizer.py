@@ -10,12 +10,18 @@ Design decisions:
 - Encoding a text adds `<bos>` in front (a template post-processor); `<eos>` is never added by the
   tokenizer: the model learns to emit it after an answer, and `decode_completion` cuts there.
 - Characters outside the alphabet map to `<unk>`, which no task ever produces.
+- `decode_completion` is the one decode that rewards and evaluation score (workers, verifiers, the
+  coordinator, `krill eval`, the TRL bench). It checks token ids, not text: a completion has an
+  answer only if it emits eos with no other special token before it. Decoding with special tokens
+  skipped would turn `1<bos>34` (no eos) into `134`, a correct answer, and RL would then pay the
+  policy for never ending its answers.
 
 Public API:
     ALPHABET                                   the ordinary characters, in id order
     build_char_tokenizer() -> PreTrainedTokenizerFast
     save_char_tokenizer(directory) -> None
-    decode_completion(tokenizer, ids) -> str   completion text up to the first eos
+    decode_completion(tokenizer, ids) -> str   the answer before eos, "" if it has none to score
+    decode_completions(tokenizer, completions) -> list[str]
 """
 
 from __future__ import annotations
@@ -55,22 +61,35 @@ def save_char_tokenizer(directory: str | Path) -> None:
 
 
 def decode_completion(tokenizer, ids: Sequence[int]) -> str:
-    """The text of a completion: tokens before the first eos, special tokens dropped.
+    """The answer text of a completion, or "" when the completion has no answer to score.
 
-    A completion that never emits eos keeps all its tokens, so it can only match a task's
-    answer if that answer is as long as the whole generation budget; tasks size their
-    `max_new_tokens` one longer than the longest answer so that such a completion always fails.
+    The answer is the text of the tokens before the first eos; tokens after that eos are not part
+    of the completion (an engine stops sampling there, batched generation pads). A completion with
+    no eos, or with any other special token (`<bos>`, `<pad>`, `<unk>`, any token the tokenizer
+    marks special) before its eos, has no answer and decodes to "", which every task scores 0
+    (no well-formed answer is empty), so such a completion always fails.
     """
-    return tokenizer.decode(_before_eos(ids, tokenizer.eos_token_id), skip_special_tokens=True)
+    return tokenizer.decode(_answer_ids(ids, tokenizer.eos_token_id, _special_ids(tokenizer)),
+                            skip_special_tokens=False)
 
 
 def decode_completions(tokenizer, completions: Sequence[Sequence[int]]) -> list[str]:
     """`decode_completion` of each of `completions`, decoded in one batched call."""
-    cut = [_before_eos(ids, tokenizer.eos_token_id) for ids in completions]
-    return tokenizer.batch_decode(cut, skip_special_tokens=True) if cut else []
+    eos, special = tokenizer.eos_token_id, _special_ids(tokenizer)
+    answers = [_answer_ids(ids, eos, special) for ids in completions]
+    return tokenizer.batch_decode(answers, skip_special_tokens=False) if answers else []
 
 
-def _before_eos(ids: Sequence[int], eos: int) -> list[int]:
-    """The token ids before the first `eos` (all of them when there is none)."""
+def _special_ids(tokenizer) -> set[int]:
+    """Every special token id: the named ones and any added token flagged special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return set(tokenizer.all_special_ids) | {int(i) for i, token in added.items() if token.special}
+
+
+def _answer_ids(ids: Sequence[int], eos: int | None, special: set[int]) -> list[int]:
+    """The ids before the first `eos`; none when there is no eos or a special token comes before it."""
     ids = [int(i) for i in ids]
-    return ids[: ids.index(eos)] if eos in ids else ids
+    if eos is None or eos not in ids:
+        return []
+    answer = ids[: ids.index(eos)]
+    return [] if special.intersection(answer) else answer

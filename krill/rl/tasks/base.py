@@ -13,7 +13,8 @@ Design decisions:
 - Rewards are deterministic functions of prompt metadata and completion text with a strict
   answer format: the completion (text before the first eos, see
   `krill.model.tokenizer.decode_completion`) must be exactly a well-formed answer; anything else,
-  including trailing text or a missing eos, scores 0.
+  including trailing text, scores 0. A completion with no eos, or with another special token
+  before its eos, decodes to "", and no well-formed answer is empty, so it scores 0 too.
 - Metadata is plain JSON data (ints and strings), so it can be logged and compared.
 - Prompts of one task level all have the same length in characters, so a batch of prompts
   needs no padding.
@@ -90,7 +91,7 @@ class Task(ABC):
 
     @abstractmethod
     def reward(self, metadata: dict[str, Any], completion: str) -> float:
-        """1.0 for a correct, well-formed completion; 0.0 otherwise."""
+        """1.0 for a correct, well-formed completion; 0.0 otherwise, always for ""."""
 
     @abstractmethod
     def reference(self, metadata: dict[str, Any]) -> str:

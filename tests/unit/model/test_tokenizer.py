@@ -1,10 +1,17 @@
-"""The character tokenizer: round trips, loads through AutoTokenizer, completions cut at eos."""
+"""The character tokenizer: round trips, loads through AutoTokenizer, completions cut at eos, no other special."""
 
 from __future__ import annotations
 
+import pytest
 from transformers import AutoTokenizer
 
-from krill.model.tokenizer import ALPHABET, build_char_tokenizer, decode_completion, save_char_tokenizer
+from krill.model.tokenizer import (
+    ALPHABET,
+    build_char_tokenizer,
+    decode_completion,
+    decode_completions,
+    save_char_tokenizer,
+)
 from krill.rl.tasks import TASKS, get_task
 
 
@@ -20,7 +27,8 @@ def test_round_trip_every_task_prompt_and_answer(tmp_path):
                 assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1
                 assert tok.decode(ids, skip_special_tokens=True) == text
                 answer = task.reference(meta)
-                assert decode_completion(tok, tok(answer, add_special_tokens=False)["input_ids"]) == answer
+                body = tok(answer, add_special_tokens=False)["input_ids"]
+                assert decode_completion(tok, body + [tok.eos_token_id]) == answer
     assert tok.unk_token_id not in tok(ALPHABET)["input_ids"]
 
 
@@ -34,6 +42,38 @@ def test_decode_completion_cuts_at_first_eos():
     tok = build_char_tokenizer()
     body = tok("123", add_special_tokens=False)["input_ids"]
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    assert decode_completion(tok, body + [eos] + body + [pad]) == "123"
-    assert decode_completion(tok, body) == "123"
+    assert decode_completion(tok, body + [eos]) == "123"
+    assert decode_completion(tok, body + [eos] + body + [pad]) == "123"  # what follows eos is not the completion
+    assert decode_completion(tok, body + [eos, eos, pad, pad]) == "123"  # batched generation pads after eos
     assert decode_completion(tok, [eos] + body) == ""
+    assert decode_completion(tok, body[:2] + [eos] + body[2:]) == "12"
+
+
+@pytest.mark.parametrize("special", ["<bos>", "<pad>", "<unk>"])
+@pytest.mark.parametrize("at", [0, 1, 3])
+@pytest.mark.parametrize("with_eos", [True, False])
+def test_a_special_token_before_eos_leaves_no_answer(special, at, with_eos):
+    tok = build_char_tokenizer()
+    body = tok("123", add_special_tokens=False)["input_ids"]
+    ids = body[:at] + [tok.convert_tokens_to_ids(special)] + body[at:] + ([tok.eos_token_id] if with_eos else [])
+    assert decode_completion(tok, ids) == ""
+    assert decode_completions(tok, [ids, body + [tok.eos_token_id]]) == ["", "123"]
+
+
+def test_a_completion_without_eos_has_no_answer():
+    tok = build_char_tokenizer()
+    body = tok("123", add_special_tokens=False)["input_ids"]
+    assert decode_completion(tok, body) == ""
+    assert decode_completion(tok, []) == ""
+    assert decode_completions(tok, [body, [], body + [tok.eos_token_id]]) == ["", "", "123"]
+    assert decode_completions(tok, []) == []
+
+
+def test_any_token_the_tokenizer_marks_special_leaves_no_answer():
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<tool>"]})
+    tok.add_tokens(["<plain>"])
+    body = tok("123", add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+    assert decode_completion(tok, body[:1] + tok.convert_tokens_to_ids(["<tool>"]) + body[1:] + [eos]) == ""
+    assert decode_completion(tok, body[:1] + tok.convert_tokens_to_ids(["<plain>"]) + body[1:] + [eos]) == "1<plain>23"
