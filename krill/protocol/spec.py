@@ -127,6 +127,14 @@ class RunSpec(_Part):
         return data
 
     @model_validator(mode="after")
+    def _no_kl_penalty(self) -> RunSpec:
+        """No role keeps a reference model, so a KL weight would change the run id and nothing else."""
+        if self.loss.kl_coef != 0.0:
+            raise ValueError(f"loss.kl_coef {self.loss.kl_coef:g}: the protocol keeps no reference policy, so the "
+                             "KL penalty must be 0")
+        return self
+
+    @model_validator(mode="after")
     def _learner_temperature_is_the_samplers(self) -> RunSpec:
         """The learner's log-probs must be the sampler's distribution, else the importance ratio is off
         on on-policy data (clipping fires, the gradient is biased) and the verifier's teacher-forced

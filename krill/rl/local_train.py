@@ -8,7 +8,10 @@ Design decisions:
   generator, so each gets the rollouts it would draw alone), taking gradients at the current
   version (all workers in one batched pass that keeps their weight gradients apart,
   `krill.rl.grouped_gradient`), compressing them on the public mask; the
-  coordinator step decompresses, weighs by staleness, aggregates each shard with the robust
+  coordinator step decompresses, weighs by staleness (of the rollouts here, as every simulated
+  gradient is fresh; the protocol weighs by the gradient's learner version and only caps the
+  rollouts' age at S_max, so a sample-ahead commit with fresh gradient weighs 1 there and
+  1/(1 + s) here), aggregates each shard with the robust
   rule (clip, nearest-neighbour mixing, trimmed mean by default), applies per-shard AdamW, and
   publishes the next version (here: a snapshot kept for stale engines).
 - Gradients are taken at the current version by default: stale rollouts, fresh gradient, the

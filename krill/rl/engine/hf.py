@@ -9,7 +9,10 @@ Design decisions:
   runs once (the G samples of a group share it) and its keys and values are copied out to its
   rows; `generate_groups` batches several seeded groups (e.g. the simulated workers of
   `krill train local`) through one model call per step, each group sampling with its own
-  generator from its own rows, so a group gets the tokens it would get alone. Finished rows keep
+  generator from its own rows, so a group gets the tokens it would get alone (its log-probs agree
+  to float rounding, about 5e-7, when groups of other prompt lengths share the batch, since the
+  padded matrix products round differently; only `krill train local` batches groups, and
+  verifiers replay with `generate`, one group at a time, as workers sample). Finished rows keep
   decoding pad tokens (cheaper than compacting the batch for the short completions RL uses)
   and stop the loop once every row has emitted eos.
 - Sampling: temperature-scaled logits in float32, optional top-p (nucleus) filter with a
@@ -98,7 +101,8 @@ class HFEngine(RolloutEngine):
 
     @torch.inference_mode()
     def generate_groups(self, groups: list[tuple[list[list[int]], int]], params: SamplingParams) -> list[Rollouts]:
-        """Sample several (prompts, seed) groups in one batch; each group gets what `generate` gives it.
+        """Sample several (prompts, seed) groups in one batch; each group gets the tokens `generate` gives
+        it, with log-probs equal to float rounding (see the module notes).
 
         The model runs once per step over every row of every group, but each group's tokens are
         drawn with its own seeded generator from its own rows, and a group draws nothing once all

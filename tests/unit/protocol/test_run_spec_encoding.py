@@ -66,3 +66,13 @@ def test_the_learner_temperature_must_be_the_sampling_temperature():
         _spec(rollout=RolloutSpec(temperature_milli=500))
     assert _spec(rollout=RolloutSpec(temperature_milli=500), loss=LossConfig(temperature=0.5)).loss.temperature == 0.5
     assert _spec().loss.temperature == 1.0
+
+
+def test_a_kl_penalty_is_refused_since_no_role_keeps_a_reference_policy():
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.rl.loss import LossConfig
+
+    with pytest.raises(ValidationError, match="loss.kl_coef 0.1: the protocol keeps no reference policy"):
+        _spec(loss=LossConfig(kl_coef=0.1))
