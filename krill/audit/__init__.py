@@ -4,9 +4,10 @@ Design decisions:
 - Anyone can audit: the inputs are the chain (version digests, commits, staked keys) and the
   content store; no database, no role process, no trust in the coordinator beyond reporting the
   trust values it claims. The core never imports a role, and neither does the audit.
-- Layout follows the data: `source` reads public inputs, `entries` checks each accepted
-  contribution and turns it into a `Submission`, `recompute` folds and compares, `report` holds
-  the named checks.
+- Layout follows the data: `source` reads public inputs (`history`: the run's events, read once),
+  `entries` checks each accepted contribution and turns it into a `Submission`, `recompute` folds
+  and compares, `ledger` checks what the chain paid and took (settlement, slashing) against the
+  rules, `report` holds the named checks.
 
 Public API:
     AuditSource(chain, store, spec)

@@ -16,6 +16,9 @@ Design decisions:
   version's published masks are compared with the ones derived from the recomputed optimizer
   states, and must be in the store as the record names them. Recomputed states that match the
   record are kept for the version, so `--all` replays nothing twice.
+- Then what the chain paid and took for the version (`krill.audit.ledger`): its `settlement` against
+  the record's reward split, and the `slashing` of the commits due at it. They run even when the
+  recompute could not (they need only the chain and the record).
 - Rejections are the coordinator's judgement and cannot be recomputed; the audit checks that
   each names a real commit of the run, and that no commit is both accepted and rejected.
 - Faulty public data (`krill.audit.source.DATA_ERRORS`: missing content, a blob that does not decode,
@@ -34,6 +37,7 @@ import hashlib
 import traceback
 
 from krill.audit.entries import audit_entry
+from krill.audit.ledger import audit_ledger
 from krill.audit.report import AuditReport
 from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
 
@@ -46,7 +50,12 @@ def audit_version(source: AuditSource, version: int) -> AuditReport:
     """Audit published version `version` (>= 1) of the run `source` reads; raises only on a chain outage."""
     report = AuditReport(run_id=source.spec.run_id.hex(), version=version)
     try:
-        _audit_into(source, version, report)
+        info = source.version_info(version) if version >= 1 else None
+        if report.add("published", info is not None,
+                      f"manifest digest {info.manifest_digest.hex()[:16]}… at block {info.published_block}"
+                      if info is not None else f"version {version} is not a published version (1..latest)"):
+            _audit_into(source, version, info, report)
+            audit_ledger(source, version, info, report)
     except ConnectionError:
         raise
     except Exception as exc:  # noqa: BLE001 - recorded as a failed check: the other versions' reports must survive
@@ -56,13 +65,8 @@ def audit_version(source: AuditSource, version: int) -> AuditReport:
     return report
 
 
-def _audit_into(source: AuditSource, version: int, report: AuditReport) -> None:
+def _audit_into(source: AuditSource, version: int, info, report: AuditReport) -> None:
     spec = source.spec
-    info = source.version_info(version) if version >= 1 else None
-    if not report.add("published", info is not None,
-                      f"manifest digest {info.manifest_digest.hex()[:16]}… at block {info.published_block}"
-                      if info is not None else f"version {version} is not a published version (1..latest)"):
-        return
     try:
         record = source.record(version)
     except DATA_ERRORS as exc:

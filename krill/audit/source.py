@@ -18,15 +18,16 @@ Design decisions:
   safetensors' own `SafetensorError` stays listed for any decoder that does not). The audit turns each into a failed
   check of the version that read it; anything else is an error of the audit itself (see
   `krill.audit.recompute`).
-- The run's commits are read once from the chain's `Committed` events, so the audit can apply the
-  coordinator's nonce rule (a worker's nonce counts once in a run: its first commit) from public
-  data alone.
+- The run's events are read once (`krill.audit.history.RunHistory`): its `Committed` events, so the
+  audit can apply the coordinator's nonce rule (a worker's nonce counts once in a run: its first
+  commit) from public data alone, and the verdicts, fundings and settlements the ledger checks read.
 """
 
 from __future__ import annotations
 
 from safetensors import SafetensorError
 
+from krill.audit.history import RunHistory
 from krill.chain.errors import ChainInputError
 from krill.chain.types import ZERO32, CommitInfo
 from krill.errors import ModelError, PayloadError, StoreError
@@ -57,7 +58,8 @@ class AuditSource:
         self._records: dict[int, AggregationRecord] = {}
         self._keys: dict[str, bytes] = {}
         self._commits: dict[int, CommitInfo] = {}
-        self._first_commits: dict[tuple[str, int], int] | None = None
+        self._history: RunHistory | None = None
+        self._run = None
         self._task = self._tokenizer = None
         self._chain_id: int | None = None
 
@@ -121,17 +123,21 @@ class AuditSource:
 
     def first_commit(self, worker: str, nonce: int) -> int | None:
         """The run's first commit by `worker` with `nonce`, from the chain's `Committed` events (None: none)."""
-        if self._first_commits is None:
-            from krill.chain.events import Committed
+        return self.history.first_commits.get((worker.lower(), int(nonce)))
 
-            first: dict[tuple[str, int], int] = {}
-            start = int(self.chain.run_of(self.spec.run_id).created_block)
-            for event in self.chain.events(from_block=start, kinds=(Committed,)):
-                if isinstance(event, Committed) and event.run_id == self.spec.run_id:
-                    key = (event.worker.lower(), int(event.nonce))
-                    first[key] = min(first.get(key, event.commit_id), event.commit_id)
-            self._first_commits = first
-        return self._first_commits.get((worker.lower(), int(nonce)))
+    @property
+    def run(self):
+        """The chain's record of the run (its parameters: quorum, challenge window, reward per version)."""
+        if self._run is None:
+            self._run = self.chain.run_of(self.spec.run_id)
+        return self._run
+
+    @property
+    def history(self) -> RunHistory:
+        """The run's events the audit reads, from its creation block (one scan per audit run)."""
+        if self._history is None:
+            self._history = RunHistory.read(self.chain, self.spec.run_id, int(self.run.created_block))
+        return self._history
 
     @property
     def task(self):

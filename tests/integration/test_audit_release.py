@@ -4,7 +4,7 @@ The module fixture plays a tiny run by hand, acting as the coordinator: two stak
 real signed contributions with `krill.protocol.work` (a random tiny model earns no reward, so the
 gradients they sign are seeded random values on the public masks: the fold then moves weights),
 upload and commit them; the test folds them with `fold_version`, publishes the content and calls
-`publishVersion`, and settles rewards. Versions:
+`publishVersion`, and settles rewards by the record (`reward_split`, as the coordinator does). Versions:
   1  honest, both workers fresh;
   2  honest, one worker's gradient computed at version 0 (staleness 1);
   3  the record claims weights other than those folded;
@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -40,6 +39,7 @@ from krill.payload.contribution import ExpectedContext, validate_contribution
 from krill.payload.limits import PayloadLimits
 from krill.protocol.policy import build_model, load_tokenizer
 from krill.protocol.record import AcceptedEntry
+from krill.protocol.rewards import reward_split
 from krill.protocol.spec import RolloutSpec, RunSpec, VersionSpec, publish_spec
 from krill.protocol.state import load_chain_version
 from krill.protocol.step import Submission, fold_version, publish_version_content
@@ -167,12 +167,8 @@ class Run:
             publish_record(self.store, record)
         self.chain.publish_version(self.run_id, version, hashlib.sha256(manifest.canonical_bytes()).digest(),
                                    record.digest)
-        total = sum(Fraction(a.weight) for a in accepted)
-        amounts = {}
-        for a in accepted:
-            share = self.spec.chain.reward_per_version * Fraction(a.weight) / total
-            amounts[a.worker] = amounts.get(a.worker, 0) + int(share)
-        self.chain.settle(self.run_id, version, list(amounts), list(amounts.values()))
+        split = reward_split(self.spec.chain.reward_per_version, [a.model_dump() for a in accepted])
+        self.chain.settle(self.run_id, version, [a for a, _ in split], [n for _, n in split])
 
     def overrides(self):
         return ["chain.rpc_url=" + f"http://127.0.0.1:{self.w3.provider.endpoint_uri.rsplit(':', 1)[1]}",
@@ -301,6 +297,10 @@ def test_audit_all_prints_a_table_and_exits_1(run):
         assert f"version {version}: " in result.output and "MISMATCH" in result.output
     data = json.loads(run.invoke(audit, ["--all", "--json"]).output)
     assert [v["ok"] for v in data["versions"]] == [True, True, False, False, False, False, False]
+    for report in data["versions"]:  # every version is settled by its record, from a funded pool; none slashed
+        rows = {c["name"]: c for c in report["checks"]}
+        assert rows["settlement"]["ok"] and "credited to 2 accounts" in rows["settlement"]["detail"], rows["settlement"]
+        assert rows["slashing"]["ok"], rows["slashing"]
     last = json.loads(run.invoke(audit, ["--last", "2", "--json"]).output)
     assert [v["version"] for v in last["versions"]] == [6, 7] and last["ok"] is False
     assert run.invoke(audit, ["--last", "2", "--all"]).exit_code == 2
@@ -332,7 +332,7 @@ def test_release_writes_a_loadable_model_with_a_card_and_a_deterministic_cid(run
     shares = {c["address"]: c["share"] for c in facts["contributors"]}
     rewards = {c["address"]: c["rewards"] for c in facts["contributors"]}
     w1, w2 = (w.worker for w in run.workers)
-    assert sum(rewards.values()) == 2 * run.spec.chain.reward_per_version - 1  # v2 split 2:1 rounds down once
+    assert sum(rewards.values()) == 2 * run.spec.chain.reward_per_version  # the split's remainders are paid too
     assert shares[w1] > shares[w2] > 0
     assert sorted(facts["provenance"]["record_cids"]) == ["1", "2"]
     folder, files = read_archive(run.store.get(out["cid"]))

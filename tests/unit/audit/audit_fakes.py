@@ -2,27 +2,44 @@
 
 The audit reads only public data; a test plays a dishonest coordinator by writing what it likes
 into this chain and the store, then audits. `fork()` copies the chain so that each test can publish
-its own next version on a shared history.
+its own next version on a shared history. Blocks are whatever a test says: by default commit i lands
+at block 10 + i, version v is published at block 100 + v, and the reward pool is funded at block 50.
+
+`World` is a one-shard run in a local store on this chain, whose records a test writes by hand.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import hashlib
+import itertools
 import types
 
+import torch
 from web3 import Web3
 
-from krill.chain.events import Committed
-from krill.chain.types import ZERO32, CommitInfo, RunInfo, StakeInfo, VersionInfo, to_uint
+from krill.chain.events import Attested, Committed, RewardCredited, RewardsFunded, Slashed, VersionSettled
+from krill.chain.types import ZERO32, CommitInfo, RunInfo, RunParams, StakeInfo, VersionInfo, to_uint
+from krill.model.manifest import Manifest, ParameterEntry, ShardEntry
+from krill.model.publish import bundle_files
+from krill.model.shards import shard_to_bytes
+from krill.payload.limits import PayloadLimits
+from krill.protocol.record import AcceptedEntry, AggregationRecord, ShardOutcome, publish_record
+from krill.protocol.spec import RunSpec
+from krill.store.cid import digest_to_cid
+from krill.store.local import LocalStore
 
 CHAIN_ID = 31337
 CONTRACT = "0x" + "ab" * 20
+COORDINATOR = "0x" + "c0" * 20
 NO_COMMIT = CommitInfo(run_id=ZERO32, worker="0x" + "00" * 20, version=0, header_digest=ZERO32, nonce=0,
                        commit_block=0, pass_count=0, fail_count=0, slashed=False, randomness=ZERO32)
+TX = "0x" + "00" * 32
 
 
 class FakeChain:
-    """Versions, commits, staked keys and `Committed` events of one run, as the contract's views give them."""
+    """Versions, commits, verdicts, staked keys, the reward pool and the events of one run, as the contract gives them."""
 
     address = Web3.to_checksum_address(CONTRACT)
 
@@ -32,28 +49,69 @@ class FakeChain:
         self.versions: dict[int, VersionInfo] = {}
         self.commits: dict[int, CommitInfo] = {}
         self.keys: dict[str, bytes] = {}
+        self.params = RunParams(coordinator=Web3.to_checksum_address(COORDINATOR), max_staleness=2,
+                                attestation_quorum=1, slash_fraction_bps=5_000, verifier_bounty_bps=2_000,
+                                check_probability_ppm=100_000, challenge_window_blocks=40, reward_per_version=10**19)
+        self.pool = 0
+        self.log: list = []  # events other than `Committed` (those follow from `commits`)
+        self._log_index = itertools.count(1)
 
     def fork(self) -> FakeChain:
         return copy.deepcopy(self)
 
-    # what a test writes
-    def publish(self, version: int, manifest_digest: bytes, record_digest: bytes) -> None:
-        self.versions[version] = VersionInfo(manifest_digest, record_digest, 100 + version, True)
+    def _emit(self, cls, block: int, **fields) -> None:
+        self.log.append(cls(block_number=block, transaction_hash=TX, log_index=next(self._log_index),
+                            address=self.address, **fields))
 
-    def commit(self, worker: str, version: int, nonce: int, header_digest: bytes) -> int:
+    # what a test writes
+    def publish(self, version: int, manifest_digest: bytes, record_digest: bytes, block: int | None = None) -> None:
+        self.versions[version] = VersionInfo(manifest_digest, record_digest, 100 + version if block is None else block,
+                                             version == 0)
+
+    def commit(self, worker: str, version: int, nonce: int, header_digest: bytes, block: int | None = None) -> int:
         commit_id = len(self.commits) + 1
         self.commits[commit_id] = CommitInfo(run_id=self.run_id, worker=Web3.to_checksum_address(worker),
                                              version=version, header_digest=header_digest, nonce=nonce,
-                                             commit_block=10 + commit_id, pass_count=0, fail_count=0, slashed=False,
-                                             randomness=ZERO32)
+                                             commit_block=10 + commit_id if block is None else block, pass_count=0,
+                                             fail_count=0, slashed=False, randomness=ZERO32)
         return commit_id
+
+    def fund(self, amount: int, block: int = 50) -> None:
+        self.pool += amount
+        self._emit(RewardsFunded, block, run_id=self.run_id, funder=self.params.coordinator, amount=amount,
+                   reward_pool=self.pool)
+
+    def settle(self, version: int, credits: list[tuple[str, int]], block: int | None = None) -> None:
+        """Credit `credits` for `version` as the contract's `settle` would (no rule checked)."""
+        block = self.versions[version].published_block if block is None else block
+        total = sum(n for _, n in credits)
+        self.pool -= total
+        self.versions[version] = dataclasses.replace(self.versions[version], settled=True)
+        for account, amount in credits:
+            self._emit(RewardCredited, block, run_id=self.run_id, version=version,
+                       account=Web3.to_checksum_address(account), amount=amount)
+        self._emit(VersionSettled, block, run_id=self.run_id, version=version, accounts=len(credits), total=total)
+
+    def attest(self, commit_id: int, ok: bool, verifier: str = "0x" + "ee" * 20) -> None:
+        c = self.commits[commit_id]
+        c = dataclasses.replace(c, pass_count=c.pass_count + ok, fail_count=c.fail_count + (not ok))
+        self.commits[commit_id] = c
+        self._emit(Attested, c.commit_block + 1, commit_id=commit_id, verifier=Web3.to_checksum_address(verifier),
+                   ok=ok, evidence_digest=b"\1" * 32, pass_count=c.pass_count, fail_count=c.fail_count)
+
+    def slash(self, commit_id: int, block: int | None = None) -> None:
+        c = self.commits[commit_id]
+        self.commits[commit_id] = dataclasses.replace(c, slashed=True)
+        self._emit(Slashed, c.commit_block + 2 if block is None else block, commit_id=commit_id, worker=c.worker,
+                   amount=1, bounty=0, burned=1)
 
     # what the audit reads
     def version_of(self, run_id, version: int) -> VersionInfo:
         return self.versions.get(version, VersionInfo(ZERO32, ZERO32, 0, False))
 
     def run_of(self, run_id) -> RunInfo:
-        return RunInfo(exists=True, params=None, latest_version=max(self.versions), reward_pool=0, created_block=1)
+        return RunInfo(exists=True, params=self.params, latest_version=max(self.versions), reward_pool=self.pool,
+                       created_block=1)
 
     def commit_of(self, commit_id: int) -> CommitInfo:
         return self.commits.get(to_uint(commit_id, "commit_id"), NO_COMMIT)  # ChainInputError past uint256, as web3's
@@ -63,7 +121,56 @@ class FakeChain:
                          staked=1, unbonding=0, release_block=0)
 
     def events(self, from_block: int = 0, confirmations: int = 0, kinds=None):
-        for commit_id, c in sorted(self.commits.items()):
-            yield Committed(block_number=c.commit_block, transaction_hash="0x" + "00" * 32, log_index=0,
-                            address=self.address, commit_id=commit_id, run_id=c.run_id, worker=c.worker,
-                            version=c.version, nonce=c.nonce, header_digest=c.header_digest)
+        committed = [Committed(block_number=c.commit_block, transaction_hash=TX, log_index=0, address=self.address,
+                               commit_id=commit_id, run_id=c.run_id, worker=c.worker, version=c.version, nonce=c.nonce,
+                               header_digest=c.header_digest) for commit_id, c in self.commits.items()]
+        for event in sorted([*committed, *self.log], key=lambda e: (e.block_number, e.log_index)):
+            if event.block_number >= from_block and (kinds is None or isinstance(event, kinds)):
+                yield event
+
+
+class World:
+    """Version 0 of a one-shard run, and `publish` for records written by hand."""
+
+    def __init__(self, root):
+        self.store = LocalStore(root)
+        data = shard_to_bytes({"w": torch.arange(64, dtype=torch.float32).reshape(8, 8) / 10})
+        self.shard = ShardEntry(index=0, cid=self.store.add(data, pin=True), sha256=hashlib.sha256(data).hexdigest(),
+                                size=len(data), parameters=[ParameterEntry(name="w", shape=[8, 8], dtype="F32")])
+        self.tokenizer = self.store.add(bundle_files({}), pin=True)
+        m0, c0, d0 = self.manifest(0, None)
+        self.spec = RunSpec(name="t", base_manifest_cid=c0, num_shards=1, limits=PayloadLimits(vocab_size=100))
+        self.chain = FakeChain(self.spec.run_id)
+        self.chain.publish(0, d0, b"\0" * 32)
+        self.cids, self.records = {0: c0}, {}
+
+    def manifest(self, version, parent):
+        m = Manifest(version=version, parent=parent, architecture={}, tokenizer=self.tokenizer, shards=[self.shard])
+        return m, self.store.add(m.canonical_bytes(), pin=True), hashlib.sha256(m.canonical_bytes()).digest()
+
+    def publish(self, version, outcome=None, accepted=(), rejected=(), block=None):
+        _, cid, digest = self.manifest(version, self.cids[version - 1])
+        parent = self.records.get(version - 1)
+        record = AggregationRecord(
+            version=version, run_id=self.spec.run_id.hex(), rule=self.spec.rule.model_dump(mode="json"),
+            parent_manifest_cid=self.cids[version - 1], manifest_cid=cid,
+            parent_record_cid=None if parent is None else digest_to_cid(parent.digest),
+            accepted=list(accepted), rejected=list(rejected), masks_cid=self.store.add(b"x", pin=True),
+            masks_sha256="00" * 32, closed_by="count",
+            shards=[outcome or ShardOutcome(shard=0, submissions=0, optimizer_state_cid=None)])
+        publish_record(self.store, record)
+        self.chain.publish(version, digest, record.digest, block)
+        self.cids[version], self.records[version] = cid, record
+        return record
+
+    def source(self):
+        from krill.audit import AuditSource
+
+        return AuditSource(self.chain, self.store, self.spec)
+
+
+def entry(commit_id=1, trust="0.5", weight="0.5", worker="0x" + "01" * 20):
+    """An accepted entry written by hand (its commit need not exist, nor its payload validate)."""
+    return AcceptedEntry(commit_id=commit_id, worker=worker, header_digest="cd" * 32, model_version=0,
+                         behaviour_version=0, staleness=0, trust=trust, weight=weight, shards=[0], mean_reward="0.0",
+                         tokens=1)

@@ -17,7 +17,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from audit_fakes import CHAIN_ID, CONTRACT, FakeChain
+from audit_fakes import CHAIN_ID, CONTRACT, COORDINATOR, FakeChain
 from nacl.signing import SigningKey
 
 from krill.audit import AuditSource, audit_versions
@@ -27,6 +27,7 @@ from krill.payload.contribution import ExpectedContext, validate_contribution
 from krill.payload.limits import PayloadLimits
 from krill.protocol.policy import build_model, load_tokenizer
 from krill.protocol.record import AcceptedEntry
+from krill.protocol.rewards import reward_split
 from krill.protocol.spec import RolloutSpec, RunSpec, VersionSpec, publish_spec
 from krill.protocol.state import load_chain_version
 from krill.protocol.step import Submission, fold_version, publish_version_content
@@ -217,3 +218,17 @@ def test_a_weight_that_cannot_be_folded_fails_checks_without_stopping_the_audit(
     assert set(failed) == {f"commit {cid} weight", "recompute"}, failed
     assert "is not a finite positive number" in failed[f"commit {cid} weight"]
     assert failed["recompute"] == "not attempted: an input above failed"
+
+
+def test_a_settlement_by_the_record_keeps_a_version_clean_and_paying_the_coordinator_fails_only_it(run):
+    chain = run.chain.fork()
+    per_version = chain.params.reward_per_version
+    chain.fund(10 * per_version)
+    source = AuditSource(chain, run.store, run.spec)
+    chain.settle(1, reward_split(per_version, [{"worker": e.worker, "weight": e.weight}
+                                               for e in source.record(1).accepted]))
+    chain.settle(2, [(COORDINATOR, per_version)])  # the run's coordinator pays itself version 2's reward
+    first, second, third = audit_versions(AuditSource(chain, run.store, run.spec), [1, 2, 3])
+    assert first.ok and third.ok, (_failed(first), _failed(third))  # version 3: not settled, not overdue yet
+    assert list(_failed(second)) == ["settlement"]
+    assert f"{COORDINATOR} was paid {per_version}, the record owes it nothing" in _failed(second)["settlement"]

@@ -10,72 +10,15 @@ import hashlib
 import json
 
 import pytest
-import torch
-from audit_fakes import FakeChain
+from audit_fakes import World
+from audit_fakes import entry as _entry
 from click.testing import CliRunner
 
-from krill.audit import AuditSource, audit_versions
+from krill.audit import audit_versions
 from krill.errors import ChainUnavailableError
-from krill.model.manifest import Manifest, ParameterEntry, ShardEntry
-from krill.model.publish import bundle_files
-from krill.model.shards import shard_to_bytes
-from krill.payload.limits import PayloadLimits
-from krill.protocol.record import (
-    AcceptedEntry,
-    AggregationRecord,
-    RejectedEntry,
-    ShardOutcome,
-    publish_record,
-)
-from krill.protocol.spec import RunSpec
-from krill.store.cid import digest_to_cid
-from krill.store.local import LocalStore
+from krill.protocol.record import RejectedEntry, ShardOutcome
 
 WORKER = "0x" + "01" * 20
-
-
-class World:
-    """Version 0 of a one-shard run, and `publish` for records written by hand."""
-
-    def __init__(self, root):
-        self.store = LocalStore(root)
-        data = shard_to_bytes({"w": torch.arange(64, dtype=torch.float32).reshape(8, 8) / 10})
-        self.shard = ShardEntry(index=0, cid=self.store.add(data, pin=True), sha256=hashlib.sha256(data).hexdigest(),
-                                size=len(data), parameters=[ParameterEntry(name="w", shape=[8, 8], dtype="F32")])
-        self.tokenizer = self.store.add(bundle_files({}), pin=True)
-        m0, c0, d0 = self.manifest(0, None)
-        self.spec = RunSpec(name="t", base_manifest_cid=c0, num_shards=1, limits=PayloadLimits(vocab_size=100))
-        self.chain = FakeChain(self.spec.run_id)
-        self.chain.publish(0, d0, b"\0" * 32)
-        self.cids, self.records = {0: c0}, {}
-
-    def manifest(self, version, parent):
-        m = Manifest(version=version, parent=parent, architecture={}, tokenizer=self.tokenizer, shards=[self.shard])
-        return m, self.store.add(m.canonical_bytes(), pin=True), hashlib.sha256(m.canonical_bytes()).digest()
-
-    def publish(self, version, outcome=None, accepted=(), rejected=()):
-        _, cid, digest = self.manifest(version, self.cids[version - 1])
-        parent = self.records.get(version - 1)
-        record = AggregationRecord(
-            version=version, run_id=self.spec.run_id.hex(), rule=self.spec.rule.model_dump(mode="json"),
-            parent_manifest_cid=self.cids[version - 1], manifest_cid=cid,
-            parent_record_cid=None if parent is None else digest_to_cid(parent.digest),
-            accepted=list(accepted), rejected=list(rejected), masks_cid=self.store.add(b"x", pin=True),
-            masks_sha256="00" * 32, closed_by="count",
-            shards=[outcome or ShardOutcome(shard=0, submissions=0, optimizer_state_cid=None)])
-        publish_record(self.store, record)
-        self.chain.publish(version, digest, record.digest)
-        self.cids[version], self.records[version] = cid, record
-        return record
-
-    def source(self):
-        return AuditSource(self.chain, self.store, self.spec)
-
-
-def _entry(commit_id=1, trust="0.5", weight="0.5"):
-    return AcceptedEntry(commit_id=commit_id, worker=WORKER, header_digest="cd" * 32, model_version=0,
-                         behaviour_version=0, staleness=0, trust=trust, weight=weight, shards=[0], mean_reward="0.0",
-                         tokens=1)
 
 
 def _failed(report):

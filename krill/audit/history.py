@@ -1,0 +1,82 @@
+"""The run's event history that an audit needs, read from the chain in one scan and kept.
+
+Design decisions:
+- One scan of the contract's events from the run's creation block, for the kinds the audit reads:
+  `Committed` (the run's commits: the nonce rule, and which verdicts are this run's), `Attested`
+  (the failing verdicts a commit gathered), `RewardsFunded` and `VersionSettled` (the reward
+  pool's history) and `RewardCredited` (what each settlement paid). `Attested` names no run: a
+  verdict counts for the run when its commit is one of the run's `Committed` events.
+- The pool's history is rebuilt from the only two changes the contract makes to it: a funding
+  (`RewardsFunded` carries the pool after it, so the history resynchronises on each) and a
+  settlement (`VersionSettled` takes its total). The pool is 0 when the run is created.
+- A point in the history is (block number, log index), so "before the settlement" and "from the
+  version's publication on" are exact comparisons; a publication is placed at the start of its
+  block (`published_block`, 0), which only ever adds the pool held a few transactions earlier.
+- Fail counts are the largest `failCount` an `Attested` event of the commit reported: a cheap way
+  to find the few commits that reached a quorum; the checks then read those commits' views, which
+  are authoritative (`AuditSource.commit`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+Point = tuple[int, int]  # (block number, log index)
+
+
+@dataclass
+class RunHistory:
+    first_commits: dict[tuple[str, int], int] = field(default_factory=dict)  # (worker, nonce) -> first commit id
+    fail_counts: dict[int, int] = field(default_factory=dict)  # commit id of the run -> most failing verdicts
+    pool: list[tuple[Point, int]] = field(default_factory=list)  # (where, pool after) for each change, in order
+    settlements: dict[int, list] = field(default_factory=lambda: defaultdict(list))  # version -> VersionSettled
+    credits: dict[int, list] = field(default_factory=lambda: defaultdict(list))  # version -> RewardCredited
+
+    @classmethod
+    def read(cls, chain, run_id: bytes, from_block: int) -> RunHistory:
+        from krill.chain.events import Attested, Committed, RewardCredited, RewardsFunded, VersionSettled
+
+        history, commits, fails, pool = cls(), set(), {}, 0
+        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled)
+        events = sorted(chain.events(from_block=from_block, kinds=kinds), key=lambda e: (e.block_number, e.log_index))
+        for event in events:
+            where = (event.block_number, event.log_index)
+            if isinstance(event, Committed) and event.run_id == run_id:
+                commits.add(event.commit_id)
+                key = (event.worker.lower(), int(event.nonce))
+                history.first_commits[key] = min(history.first_commits.get(key, event.commit_id), event.commit_id)
+            elif isinstance(event, Attested):
+                fails[event.commit_id] = max(fails.get(event.commit_id, 0), int(event.fail_count))
+            elif isinstance(event, RewardsFunded) and event.run_id == run_id:
+                pool = int(event.reward_pool)
+                history.pool.append((where, pool))
+            elif isinstance(event, VersionSettled) and event.run_id == run_id:
+                pool -= int(event.total)
+                history.pool.append((where, pool))
+                history.settlements[int(event.version)].append(event)
+            elif isinstance(event, RewardCredited) and event.run_id == run_id:
+                history.credits[int(event.version)].append(event)
+        history.fail_counts = {c: n for c, n in fails.items() if c in commits}
+        return history
+
+    def pool_at(self, point: Point) -> int:
+        """The pool just before `point`."""
+        held = 0
+        for where, pool in self.pool:
+            if where >= point:
+                break
+            held = pool
+        return held
+
+    def pools_between(self, start: Point, end: Point | None) -> list[int]:
+        """Every value the pool held from just before `start` up to just before `end` (None: now), in order."""
+        values = [self.pool_at(start)]
+        values += [pool for where, pool in self.pool if start <= where and (end is None or where < end)]
+        return values
+
+    def first_settlement_after(self, version: int) -> tuple[Point, int] | None:
+        """(where, version) of the earliest settlement of a version later than `version`, or None."""
+        later = [((e.block_number, e.log_index), v) for v, events in self.settlements.items() if v > version
+                 for e in events]
+        return min(later) if later else None

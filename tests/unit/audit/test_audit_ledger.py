@@ -1,0 +1,135 @@
+"""The `settlement` and `slashing` rows: what the chain paid and took, against the rules.
+
+The one-shard run of `audit_fakes.py`, with records written by hand: their entries name commits
+that need not validate (those rows fail; these tests read only the two ledger rows). The fake
+chain plays the coordinator's settlements, fundings, verdicts and slashes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from audit_fakes import COORDINATOR, World, entry
+
+from krill.audit import audit_versions
+from krill.protocol.rewards import reward_split
+
+A, B = "0x" + "0a" * 20, "0x" + "0b" * 20
+ACCEPTED = [entry(1, weight="0.5", worker=A), entry(2, weight="0.25", worker=B), entry(3, weight="0.125", worker=A)]
+
+
+def _row(report, name):
+    return next(c for c in report.checks if c.name == name)
+
+
+def _world(tmp_path, pool_per_versions=10):
+    world = World(tmp_path)
+    world.chain.fund(pool_per_versions * world.chain.params.reward_per_version)
+    return world
+
+
+def _split(total):
+    return reward_split(total, [{"worker": e.worker, "weight": e.weight} for e in ACCEPTED])
+
+
+def test_a_settlement_by_the_record_passes(tmp_path):
+    world = _world(tmp_path)
+    per_version = world.chain.params.reward_per_version
+    world.publish(1, accepted=ACCEPTED)
+    world.chain.settle(1, _split(per_version))
+    (report,) = audit_versions(world.source(), [1])
+    row = _row(report, "settlement")
+    assert row.ok, row.detail
+    assert f"{per_version} credited to 2 accounts" in row.detail
+    assert dict(_split(per_version)) == {A: per_version * 5 // 7, B: per_version * 2 // 7 + 1}  # B's remainder is larger
+
+
+def test_a_coordinator_paying_itself_fails_the_settlement(tmp_path):
+    world = _world(tmp_path)
+    per_version = world.chain.params.reward_per_version
+    world.publish(1, accepted=ACCEPTED)
+    world.chain.settle(1, [(COORDINATOR, per_version)])
+    (report,) = audit_versions(world.source(), [1])
+    row = _row(report, "settlement")
+    assert not row.ok
+    assert f"{COORDINATOR} was paid {per_version}, the record owes it nothing" in row.detail
+    assert f"{A} was paid 0, the record owes it {dict(_split(per_version))[A]}" in row.detail
+
+
+def test_a_settlement_short_of_the_rule_fails_but_a_funding_race_does_not(tmp_path):
+    world = World(tmp_path)
+    per_version = world.chain.params.reward_per_version
+    world.chain.fund(per_version // 4)  # less than a version's reward: the rule pays the pool
+    world.publish(1, accepted=ACCEPTED)
+    short = world.chain.fork()
+    short.settle(1, _split(per_version // 8))
+    world.chain.fund(per_version, block=101)  # lands after the coordinator read the pool, before its settle
+    world.chain.settle(1, _split(per_version // 4), block=102)
+    (report,) = audit_versions(world.source(), [1])
+    assert _row(report, "settlement").ok, _row(report, "settlement").detail
+    world.chain = short
+    (report,) = audit_versions(world.source(), [1])
+    row = _row(report, "settlement")
+    assert not row.ok and f"total {per_version // 8} is not min(reward per version, pool)" in row.detail
+    assert f"that gives {per_version // 4}" in row.detail
+
+
+def test_an_unsettled_version_fails_once_overdue(tmp_path):
+    world = _world(tmp_path)
+    for version in (1, 2):
+        world.publish(version, accepted=ACCEPTED)
+    (first, second) = audit_versions(world.source(), [1, 2])
+    for report in (first, second):  # recent: the coordinator may not have settled it yet
+        row = _row(report, "settlement")
+        assert row.ok and "not settled yet" in row.detail, row.detail
+
+    later = world.chain.fork()
+    world.publish(3, accepted=ACCEPTED)  # two publications later
+    first, second = audit_versions(world.source(), [1, 2])
+    row = _row(first, "settlement")
+    assert not row.ok and "not settled, though version 3 was published" in row.detail, row.detail
+    assert "the record's 2 workers are owed" in row.detail
+    assert _row(second, "settlement").ok
+
+    world.chain = later
+    later.settle(2, _split(later.params.reward_per_version))  # a later version settled: 1 was skipped
+    (first,) = audit_versions(world.source(), [1])
+    row = _row(first, "settlement")
+    assert not row.ok and "not settled, though version 2 was settled" in row.detail, row.detail
+
+
+def test_an_unsettled_version_with_nothing_owed_passes(tmp_path):
+    world = World(tmp_path)  # the pool is never funded: the rule's amount is 0
+    for version in (1, 2, 3):
+        world.publish(version, accepted=ACCEPTED)
+    row = _row(audit_versions(world.source(), [1])[0], "settlement")
+    assert row.ok and "nothing was owed" in row.detail, row.detail
+    world = _world(tmp_path / "empty")
+    for version in (1, 2, 3):
+        world.publish(version)  # no contribution accepted
+    row = _row(audit_versions(world.source(), [1])[0], "settlement")
+    assert row.ok and "no positive weight" in row.detail, row.detail
+
+
+def test_a_commit_at_quorum_left_unslashed_fails_the_version_it_is_due_at(tmp_path):
+    world = World(tmp_path)
+    chain = world.chain
+    chain.params = dataclasses.replace(chain.params, challenge_window_blocks=5, attestation_quorum=2)
+    world.publish(1, block=110)
+    cheat = chain.commit(A, 1, 0, b"\1" * 32, block=111)  # verdicts count up to block 116
+    honest = chain.commit(B, 1, 0, b"\2" * 32, block=111)
+    for verifier in ("0x" + "e1" * 20, "0x" + "e2" * 20):
+        chain.attest(cheat, False, verifier)
+    chain.attest(honest, False)  # one failing verdict: below the quorum
+    chain.attest(honest, True, "0x" + "e2" * 20)
+    for version, block in ((2, 115), (3, 130), (4, 140), (5, 150)):
+        world.publish(version, block=block)
+    reports = audit_versions(world.source(), [1, 2, 3, 4, 5])
+    rows = {r.version: _row(r, "slashing") for r in reports}
+    assert [v for v, row in rows.items() if not row.ok] == [4], rows  # v3's parent (v2, block 115) came too soon
+    assert f"1 of 1 commit that reached the quorum of 2 failing verdicts is not slashed: commits {cheat} " in rows[4].detail
+    assert "replay these commits" in rows[4].detail
+
+    chain.slash(cheat)
+    row = _row(audit_versions(world.source(), [4])[0], "slashing")
+    assert row.ok and "1 commit reached the quorum of 2 failing verdicts" in row.detail and "all slashed" in row.detail
