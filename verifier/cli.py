@@ -76,7 +76,7 @@ def _require_stake(chain, identity) -> None:
 @click.option("--max-attestations", type=click.IntRange(min=1), default=None,
               help="Exit after sending this many attestations (default: run until stopped).")
 def run(max_attestations: int | None) -> None:
-    """Watch the run's commits, replay those selected for this verifier, and attest."""
+    """Watch the run's commits, replay those selected for this verifier or failed by another, and attest."""
     from krill.commands.context import current_config
     from krill.progress import LineProgress
 
@@ -130,7 +130,8 @@ def _run(config, bar, max_attestations: int | None) -> None:
         echo("interrupted")
     finally:
         counts = state.counts()
-        echo(f"verifier stopped: {counts['attested']} attested ({counts['passed']} passed, {counts['failed']} failed), "
+        echo(f"verifier stopped: {counts['attested']} attested ({counts['passed']} passed, {counts['failed']} failed; "
+             f"{counts['corroborated']} corroborating another verifier's failing verdict), "
              f"{counts['skipped']} not selected, {counts['missed']} missed, {counts['error']} errors, "
              f"{counts['pending']} pending")
         state.close()

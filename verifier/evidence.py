@@ -2,8 +2,9 @@
 
 Design decisions:
 - `Evidence` names everything needed to re-run the check from public data (chain id, contract,
-  run, commit id, header digest and CID, worker, the randomness that selected it and the shard
-  it drew) and every check's outcome with its figures, so a disputed verdict can be audited.
+  run, commit id, header digest and CID, worker, the commit's sealed randomness and the shard it
+  recomputed: its own draw, or for a corroborating replay the one the failing verdict it checks
+  names) and every check's outcome with its figures, so a disputed verdict can be audited.
   The on-chain attestation carries sha256 of these bytes; the block's CID follows from it.
 - Canonical JSON (`krill.payload.canonical`) forbids floats, so figures travel as integers,
   booleans, strings or null, and floats as their shortest round-trip decimal string (`repr`),

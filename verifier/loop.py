@@ -27,6 +27,22 @@ Design decisions:
   missed) and recorded as attested. Any other error while handling one commit is a bug, recorded
   as `error` for that commit, and the loop goes on; losing eligibility to attest stops the loop
   with the contract's reason.
+- Corroboration: the loop also reads `Attested` events (same stream, same persisted cursor), and
+  another verifier's failing verdict on a commit of the run, whose window is still open, makes
+  this verifier replay that commit whatever its own draw (`state.add_events`): it seals the
+  randomness if nobody did, replays with the same Replayer and attests its own honest verdict,
+  pass or fail, with evidence, as for a selected commit. Without it a slash at attestation quorum
+  Q >= 2 needed Q verifiers drawn independently on the same commit (1% per commit for 2 verifiers
+  at p = 10%, against 19% for one failing verdict); `attest` does not require selection, so the
+  contract counts these verdicts. A commit already decided (attested, missed, error) is not
+  replayed again, one still pending is not added twice, and a commit that is both drawn and
+  failed by another is recorded as `selected`. A corroborating replay recomputes the gradient
+  shard the failing evidence names (a forgery of one shard out of two is otherwise confirmed half
+  of the time), and its own draw's when that evidence cannot be read or names none; the shard it
+  recomputed is in its own evidence. The failing verdict itself is never trusted: the verdict is
+  this verifier's replay. The price: anyone staked as a verifier can make every verifier replay a
+  commit for the gas of one failing attestation (once per commit: the mark is set once), and the
+  passing verdicts that provoke stand on-chain against its false one.
 """
 
 from __future__ import annotations
@@ -47,7 +63,17 @@ from krill.verifier.replay import (
     RunDataUnavailable,
     unavailable_result,
 )
-from krill.verifier.state import ATTESTED, ERROR, MISSED, SKIPPED, Job, VerifierState
+from krill.verifier.state import (
+    ATTESTED,
+    CORROBORATING,
+    ERROR,
+    MISSED,
+    SELECTED,
+    SKIPPED,
+    FailingVerdict,
+    Job,
+    VerifierState,
+)
 
 UNREACHABLE = (ChainUnavailableError, StoreUnavailableError, OSError)
 
@@ -89,6 +115,8 @@ class VerifierLoop:
         self._waiting_since: dict[int, float] = {}  # commit id -> when it first waited for randomness
         self._faults: dict[int, str] = {}  # commit id -> the last passing fault met while handling it
         self._verdicts: dict[int, tuple[bytes, ReplayResult]] = {}  # commit id -> (randomness, its replay)
+        self._origins: dict[int, str] = {}  # commit id -> why it is replayed (`selected` / `corroborating`)
+        self._named_shards: dict[int, int | None] = {}  # commit id -> the shard the failing evidence names
         cursor = state.cursor()
         if cursor is None:
             created = chain.run_of(spec.run_id).created_block
@@ -98,13 +126,24 @@ class VerifierLoop:
     # ------------------------------------------------------------------ events
 
     def poll_events(self) -> int:
-        """Record newly committed contributions of this run as pending; returns how many."""
-        from krill.chain.events import Committed
+        """Record newly committed contributions of this run as pending, and mark the commits of the run
+        another verifier failed for corroboration (the module docstring); returns how many commits were new."""
+        from krill.chain.events import Attested, Committed
 
-        events = self._stream.poll((Committed,))
+        events = self._stream.poll((Committed, Attested))
         jobs = [Job(e.commit_id, e.worker, e.version, e.nonce, e.header_digest, e.block_number)
-                for e in events if e.run_id == self.spec.run_id]
-        return self.state.add_jobs(jobs, self._stream.next_block)
+                for e in events if isinstance(e, Committed) and e.run_id == self.spec.run_id]
+        me = self.who.address.lower()
+        # An Attested event names no run: the state knows only this run's commits, so others match nothing.
+        failing = [FailingVerdict(e.commit_id, e.verifier, e.evidence_digest) for e in events
+                   if isinstance(e, Attested) and not e.ok and e.verifier.lower() != me]
+        # Commits whose window is still open: a transaction sent now, mined at head + 1, lands by commit + window.
+        open_from = self.chain.block_number() + 1 - self.window if failing else 0
+        new, marked = self.state.add_events(jobs, failing, self._stream.next_block, open_from_block=open_from)
+        for commit_id in marked:
+            failer = next(f.verifier for f in failing if f.commit_id == commit_id)
+            self.echo(f"commit {commit_id}  verifier {_short(failer)} attested FAIL: replaying it to corroborate")
+        return new
 
     # ------------------------------------------------------------------ one pass
 
@@ -135,8 +174,10 @@ class VerifierLoop:
 
     def _finish(self, job: Job, status: str, **decision) -> None:
         """Record the final decision on `job` and forget what was kept for its retries."""
-        self.state.finish(job.commit_id, status, **decision)
-        for kept in (self._retry_at, self._waiting_since, self._faults, self._verdicts):
+        origin = self._origins.get(job.commit_id)
+        self.state.finish(job.commit_id, status, origin=origin if status != SKIPPED else None, **decision)
+        for kept in (self._retry_at, self._waiting_since, self._faults, self._verdicts, self._origins,
+                     self._named_shards):
             kept.pop(job.commit_id, None)
 
     def _found_on_chain(self, job: Job, why: str) -> bool:
@@ -166,7 +207,9 @@ class VerifierLoop:
                 reads.moved()  # the randomness block was mined just now
         if hashed is None:
             return  # the block after the commit does not exist yet
-        if not select.drawn(hashed, job.commit_id, self.who.key, self.spec.chain.check_probability_ppm):
+        corroborating = job.corroborates is not None
+        drawn = select.drawn(hashed, job.commit_id, self.who.key, self.spec.chain.check_probability_ppm)
+        if not drawn and not corroborating:
             self._finish(job, SKIPPED, reason=f"not selected (drawn on the hash of block {job.commit_block + 1}, "
                                               "not sealed)")
             return
@@ -181,9 +224,12 @@ class VerifierLoop:
         if randomness is None:
             return  # a seal needs one more block
         self._waiting_since.pop(job.commit_id, None)
-        if not select.is_selected(self.chain, job.commit_id, self.who.key):
-            self._finish(job, SKIPPED, reason="not selected by the sealed randomness")
-            return
+        if job.commit_id not in self._origins:
+            selected = drawn and select.is_selected(self.chain, job.commit_id, self.who.key)
+            if not selected and not corroborating:
+                self._finish(job, SKIPPED, reason="not selected by the sealed randomness")
+                return
+            self._origins[job.commit_id] = SELECTED if selected else CORROBORATING
         if self._found_on_chain(job, "found on chain (earlier run)" if job.commit_id not in self._faults
                                 else "found on chain (sent before a passing fault)"):
             return
@@ -193,7 +239,7 @@ class VerifierLoop:
             result = kept[1]
         else:
             try:
-                result = self.replayer.replay(job, randomness)
+                result = self.replayer.replay(job, randomness, shard=self._named_shard(job))
             except PayloadUnavailable as exc:
                 head = self.chain.block_number()
                 if head < select.unavailable_after(job.commit_block, self.window):
@@ -218,12 +264,36 @@ class VerifierLoop:
             self.echo(_line(job, result, time.perf_counter() - started, f"not attested: {why}"))
             return
         note = "found on chain (earlier run)" if outcome.status == "duplicate" else result.reason
+        tail = f"evidence {outcome.evidence_cid}" if outcome.evidence_cid else "attested earlier"
+        if job.corroborates is not None:
+            tail += f"  ({self._origins[job.commit_id]}; {_short(job.corroborates)} attested FAIL)"
         self._finish(job, ATTESTED, ok=outcome.ok, reason=note, evidence_cid=outcome.evidence_cid,
                      tx_hash=outcome.tx_hash)
         if outcome.status == "attested":
             self.attested += 1
-        self.echo(_line(job, result, time.perf_counter() - started,
-                        f"evidence {outcome.evidence_cid}" if outcome.evidence_cid else "attested earlier"))
+        self.echo(_line(job, result, time.perf_counter() - started, tail))
+
+    def _named_shard(self, job: Job) -> int | None:
+        """The gradient shard the failing evidence `job` corroborates names (None: not corroborating, or
+        the document cannot be read or names none, and the replay recomputes its own draw's shard)."""
+        if job.failing_evidence is None:
+            return None
+        if job.commit_id not in self._named_shards:
+            from krill.store.cid import digest_to_cid
+            from krill.verifier.evidence import load_evidence
+
+            try:
+                evidence = load_evidence(self.store, digest_to_cid(job.failing_evidence))
+            except (StoreError, ValueError) as exc:  # unreachable or missing (asked again next try), or no evidence
+                self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} cannot "
+                          f"be read ({type(exc).__name__}: {str(exc)[:160]}); recomputing this verifier's own shard")
+                if isinstance(exc, StoreError):
+                    return None
+                evidence = None
+            same = evidence is not None and (evidence.commit_id, evidence.header_digest) == (job.commit_id,
+                                                                                            job.header_digest.hex())
+            self._named_shards[job.commit_id] = evidence.gradient_shard if same else None
+        return self._named_shards[job.commit_id]
 
     def _devnet_randomness(self, job: Job) -> bytes | None:
         after = self.settings.devnet_mine_after_s

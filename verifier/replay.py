@@ -1,4 +1,4 @@
-"""Replay one selected commit, cheapest check first, and stop at the first failure.
+"""Replay one selected (or corroborated) commit, cheapest check first, and stop at the first failure.
 
 Design decisions:
 - Stages, in order of cost: `signature` (the header's digest, canonical form, context named by
@@ -8,8 +8,9 @@ Design decisions:
   (prompts, seeds, sampling parameters, behaviour staleness); `rewards`; `resample` (the claimed
   tokens confirmed as the committed seed's draws at the behaviour version in one teacher-forced
   pass, else exact re-sampling decides); `gradient` (one shard, drawn by
-  `select.gradient_shard`). The protocol core (`krill.protocol.work`) owns the comparisons, so
-  the worker and the verifier cannot drift apart.
+  `select.gradient_shard`, or the one the failing verdict that a corroborating replay checks
+  names). The protocol core (`krill.protocol.work`) owns the comparisons, so the worker and the
+  verifier cannot drift apart.
 - Tolerances: per field the looser of the run spec's and this verifier's calibration table's
   (`krill calibrate`, `verifier.calibration`; default the table shipped with Krill): the spec is
   the public rule, and a verifier never fails honest work because its own hardware is noisier.
@@ -234,8 +235,11 @@ class Replayer:
 
     # ------------------------------------------------------------------ the replay
 
-    def replay(self, job: Job, randomness: bytes) -> ReplayResult:
-        """Every check on `job`, cheapest first; raises PayloadUnavailable / RunDataUnavailable to retry."""
+    def replay(self, job: Job, randomness: bytes, shard: int | None = None) -> ReplayResult:
+        """Every check on `job`, cheapest first; raises PayloadUnavailable / RunDataUnavailable to retry.
+
+        `shard`: recompute this gradient shard (the one a failing verdict being corroborated names) instead
+        of the drawn one, if the contribution carries it."""
         from krill.payload.contribution import ExpectedContext
         from krill.protocol.work import run_codec
         from krill.store.cid import digest_to_cid
@@ -310,7 +314,8 @@ class Replayer:
         for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", self._loads_noted(resample))):
             if not run.stage(name, fn):
                 return self._result(run, behaviour, None)
-        shard = gradient_shard(randomness, job.commit_id, self.verifier_key, sorted(contribution.gradients))
+        if shard not in contribution.gradients:
+            shard = gradient_shard(randomness, job.commit_id, self.verifier_key, sorted(contribution.gradients))
 
         def gradient() -> CheckOutcome:
             from krill.protocol.work import check_gradient

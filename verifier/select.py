@@ -15,6 +15,8 @@ Design decisions:
 - Only one shard's gradient is recomputed per check (the expensive part). It is drawn from
   H(randomness, commit id, verifier key), so it is deterministic and auditable, unknown to the
   worker at commit time, and different verifiers of one commit tend to cover different shards.
+- The draw is not the only way in: a verifier also replays a commit another verifier failed
+  (corroboration, `loop`), since a slash at quorum Q needs Q failing verdicts on one commit.
 - Windows in blocks: an attestation counts while block <= commit_block + window. The verifier
   stops working on a commit once no transaction could still land in time, and declares a
   payload unavailable only in the last quarter of the window, so slow stores get every chance.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 
 from krill.errors import ChainError
+from krill.protocol.selection import drawn  # noqa: F401  (`select.drawn`: the verifier reads the draw here)
 
 ZERO32 = b"\x00" * 32
 
@@ -61,16 +64,6 @@ def ensure_randomness(chain, commit_id: int, commit_block: int, head: int) -> by
             raise
     randomness = chain.randomness_of(commit_id)
     return randomness if randomness != ZERO32 else None
-
-
-def drawn(randomness: bytes, commit_id: int, verifier_key: bytes, probability_ppm: int) -> bool:
-    """The contract's `isCheckSelected` draw on `randomness`: keccak256(abi.encode(randomness,
-    commitId, verifierKey)) mod 10^6 < checkProbabilityPpm."""
-    from eth_abi import encode
-    from eth_utils import keccak
-
-    digest = keccak(encode(["bytes32", "uint256", "bytes32"], [bytes(randomness), int(commit_id), bytes(verifier_key)]))
-    return int.from_bytes(digest, "big") % 1_000_000 < probability_ppm
 
 
 def block_randomness(chain, commit_block: int, head: int) -> bytes | None:

@@ -9,6 +9,15 @@ Design decisions:
   transaction), so an event is never lost between "seen" and "remembered". It leaves `pending`
   exactly once, for `attested`, `skipped` (not selected), `missed` (window closed first) or
   `error` (a bug in this verifier, recorded rather than crashing the loop).
+- Corroboration (`add_events`): another verifier's failing verdict on a commit of the run marks it
+  `corroborates` (that verifier and its evidence digest), in the same transaction as the cursor
+  move that read the verdict, so a restart never forgets it. A commit this verifier skipped
+  (not selected) goes back to `pending`; a pending one only gains the mark (a commit is never
+  added twice, and the first failing verdict seen is the one recorded); one already attested,
+  missed or in error, or whose challenge window has closed, is left as it is. `skipped` is thus
+  the one final status that can change, and only this way. Why a replayed commit was replayed is
+  recorded with its decision as `origin`: `selected` (this verifier's own draw) or
+  `corroborating`.
 - The file never proves the chain state: before attesting, the loop also asks the contract
   whether this verifier already attested (the crash window between a mined attest and the row
   update), so restarts never attest twice even if the file is older than the chain.
@@ -37,13 +46,19 @@ CREATE TABLE IF NOT EXISTS commits (
     reason TEXT,
     evidence_cid TEXT,
     tx_hash TEXT,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    corroborates TEXT,
+    failing_evidence TEXT,
+    origin TEXT
 );
 CREATE INDEX IF NOT EXISTS commits_status ON commits (status, commit_id);
 """
+# Columns added after the first release of the file, added in place to older files (all nullable).
+ADDED_COLUMNS = (("corroborates", "TEXT"), ("failing_evidence", "TEXT"), ("origin", "TEXT"))
 
 PENDING, ATTESTED, SKIPPED, MISSED, ERROR = "pending", "attested", "skipped", "missed", "error"
 FINAL = (ATTESTED, SKIPPED, MISSED, ERROR)
+SELECTED, CORROBORATING = "selected", "corroborating"  # why a commit was replayed (`origin`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +71,19 @@ class Job:
     nonce: int
     header_digest: bytes
     commit_block: int
+    # Another verifier's failing verdict on the commit, which this verifier replays whatever its
+    # draw: that verifier's address and the digest of its evidence document (None: none seen).
+    corroborates: str | None = None
+    failing_evidence: bytes | None = None
+
+
+@dataclass(frozen=True)
+class FailingVerdict:
+    """Another verifier's failing attestation of a commit (an `Attested` event with ok = false)."""
+
+    commit_id: int
+    verifier: str
+    evidence_digest: bytes
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,8 @@ class Decision:
     reason: str | None
     evidence_cid: str | None
     tx_hash: str | None
+    origin: str | None = None  # `selected` or `corroborating` for a replayed commit; None otherwise
+    corroborates: str | None = None
 
 
 class VerifierState:
@@ -80,6 +110,11 @@ class VerifierState:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        with self._tx():  # a file of an older release gains the columns (once, if two processes open it)
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(commits)")}
+            for name, kind in ADDED_COLUMNS:
+                if name not in present:
+                    self._db.execute(f"ALTER TABLE commits ADD COLUMN {name} {kind}")
         identity = {"contract": contract.lower(), "run_id": run_id.hex(), "verifier": verifier.lower()}
         with self._tx():
             for key, value in identity.items():
@@ -116,49 +151,74 @@ class VerifierState:
 
     def add_jobs(self, jobs: list[Job], next_block: int) -> int:
         """Remember newly seen commits and move the cursor, atomically; returns how many were new."""
-        new = 0
+        return self.add_events(jobs, [], next_block)[0]
+
+    def add_events(self, jobs: list[Job], failing: list[FailingVerdict], next_block: int,
+                   open_from_block: int = 0) -> tuple[int, list[int]]:
+        """Remember newly seen commits, mark those another verifier failed (see the module docstring;
+        only commits with commit_block >= `open_from_block`, whose window is still open) and move the
+        cursor, atomically; returns (how many commits were new, the ids of the commits marked now)."""
+        new, marked = 0, []
+        now = time.time()
         with self._tx():
             for job in jobs:
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO commits (commit_id, worker, version, nonce, header_digest, commit_block, "
                     "status, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (job.commit_id, job.worker.lower(), job.version, job.nonce, job.header_digest.hex(),
-                     job.commit_block, PENDING, time.time()))
+                     job.commit_block, PENDING, now))
                 new += cur.rowcount
+            for verdict in failing:
+                cur = self._db.execute(
+                    "UPDATE commits SET corroborates = ?, failing_evidence = ?, status = ?, ok = NULL, reason = NULL, "
+                    "updated = ? WHERE commit_id = ? AND corroborates IS NULL AND status IN (?, ?) "
+                    "AND commit_block >= ?",
+                    (verdict.verifier.lower(), bytes(verdict.evidence_digest).hex(), PENDING, now, verdict.commit_id,
+                     PENDING, SKIPPED, int(open_from_block)))
+                if cur.rowcount:
+                    marked.append(verdict.commit_id)
             self._db.execute("INSERT INTO meta (key, value) VALUES ('cursor', ?) "
                              "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (str(int(next_block)),))
-        return new
+        return new, marked
 
     # ------------------------------------------------------------------ decisions
 
     def pending(self) -> list[Job]:
         """Commits still to decide, oldest (nearest deadline) first."""
-        rows = self._db.execute("SELECT commit_id, worker, version, nonce, header_digest, commit_block FROM commits "
-                                "WHERE status = ? ORDER BY commit_id", (PENDING,)).fetchall()
-        return [Job(r[0], r[1], r[2], r[3], bytes.fromhex(r[4]), r[5]) for r in rows]
+        rows = self._db.execute("SELECT commit_id, worker, version, nonce, header_digest, commit_block, corroborates, "
+                                "failing_evidence FROM commits WHERE status = ? ORDER BY commit_id",
+                                (PENDING,)).fetchall()
+        return [Job(r[0], r[1], r[2], r[3], bytes.fromhex(r[4]), r[5], r[6], None if r[7] is None else bytes.fromhex(r[7]))
+                for r in rows]
 
     def finish(self, commit_id: int, status: str, *, ok: bool | None = None, reason: str | None = None,
-               evidence_cid: str | None = None, tx_hash: str | None = None) -> bool:
-        """Record the final decision on a pending commit; False if it was already final (nothing changes)."""
+               evidence_cid: str | None = None, tx_hash: str | None = None, origin: str | None = None) -> bool:
+        """Record the final decision on a pending commit; False if it was already final (nothing changes).
+        `origin`: why it was replayed (`selected` or `corroborating`), for a commit that got that far."""
         if status not in FINAL:
             raise ValueError(f"status: {status!r} is not one of {FINAL}")
+        if origin not in (None, SELECTED, CORROBORATING):
+            raise ValueError(f"origin: {origin!r} is not one of {(SELECTED, CORROBORATING)}")
         with self._tx():
             cur = self._db.execute(
-                "UPDATE commits SET status = ?, ok = ?, reason = ?, evidence_cid = ?, tx_hash = ?, updated = ? "
-                "WHERE commit_id = ? AND status = ?",
-                (status, None if ok is None else int(ok), reason, evidence_cid, tx_hash, time.time(), commit_id,
-                 PENDING))
+                "UPDATE commits SET status = ?, ok = ?, reason = ?, evidence_cid = ?, tx_hash = ?, origin = ?, "
+                "updated = ? WHERE commit_id = ? AND status = ?",
+                (status, None if ok is None else int(ok), reason, evidence_cid, tx_hash, origin, time.time(),
+                 commit_id, PENDING))
             return cur.rowcount == 1
 
     def decision(self, commit_id: int) -> Decision | None:
-        row = self._db.execute("SELECT commit_id, status, ok, reason, evidence_cid, tx_hash FROM commits "
-                               "WHERE commit_id = ?", (commit_id,)).fetchone()
+        row = self._db.execute("SELECT commit_id, status, ok, reason, evidence_cid, tx_hash, origin, corroborates "
+                               "FROM commits WHERE commit_id = ?", (commit_id,)).fetchone()
         if row is None:
             return None
-        return Decision(row[0], row[1], None if row[2] is None else bool(row[2]), row[3], row[4], row[5])
+        return Decision(row[0], row[1], None if row[2] is None else bool(row[2]), row[3], row[4], row[5], row[6],
+                        row[7])
 
     def counts(self) -> dict[str, int]:
-        """Commits per status, plus `passed` and `failed` among the attested."""
+        """Commits per status, plus `passed` and `failed` among the attested, and `corroborated` (attested
+        though not selected, after another verifier's failing verdict: `corroborated_failed` of them failed
+        too) and `corroborating` (pending for that reason)."""
         out = {s: 0 for s in (PENDING, *FINAL)}
         for status, n in self._db.execute("SELECT status, COUNT(*) FROM commits GROUP BY status"):
             out[status] = n
@@ -166,6 +226,11 @@ class VerifierState:
             out["passed" if ok else "failed"] = out.get("passed" if ok else "failed", 0) + n
         out.setdefault("passed", 0)
         out.setdefault("failed", 0)
+        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(ok = 0), 0) FROM commits WHERE status = ? AND origin = ?",
+                               (ATTESTED, CORROBORATING)).fetchone()
+        out["corroborated"], out["corroborated_failed"] = int(row[0]), int(row[1])
+        out["corroborating"] = self._db.execute("SELECT COUNT(*) FROM commits WHERE status = ? AND corroborates IS NOT "
+                                                "NULL", (PENDING,)).fetchone()[0]
         return out
 
 

@@ -2,7 +2,9 @@
 
 Design decisions:
 - The verdicts come from the verifier's own state file (attested passed/failed, not selected,
-  missed, errors, pending): always there, and the only record of commits it skipped or missed.
+  missed, errors, pending, and which attested commits it replayed to corroborate another
+  verifier's failing verdict rather than because it was selected): always there, and the only
+  record of commits it skipped or missed.
   The index, when there is one, adds what the chain recorded of its attestations, a check that
   the two agree.
 - Status needs no password (the keystore's public address) and opens the state file only if it
@@ -25,7 +27,7 @@ def _local(config: KrillConfig, address: str, run_id: bytes | None) -> dict | No
     path = VerifierState.path_for(directory, contract=contract, run_id=run_id)
     if not path.exists():
         return {"attested": 0, "passed": 0, "failed": 0, "skipped": 0, "missed": 0, "error": 0, "pending": 0,
-                "cursor": None, "state": None}
+                "corroborated": 0, "corroborated_failed": 0, "corroborating": 0, "cursor": None, "state": None}
     state = VerifierState.for_run(directory, contract=contract, run_id=run_id, verifier=address)
     try:
         return state.counts() | {"cursor": state.cursor(), "state": str(state.path)}
@@ -58,6 +60,9 @@ def verifier_status(config: KrillConfig):
         rows.append(("attestations", f"{local['attested']} attested: {local['passed']} passed, {local['failed']} "
                      f"failed; {local['skipped']} not selected, {local['missed']} missed, {local['error']} errors, "
                      f"{local['pending']} pending"))
+        rows.append(("corroborations", f"{local['corroborated']} attested though not selected, after another "
+                     f"verifier's failing verdict ({local['corroborated_failed']} failed too); "
+                     f"{local['corroborating']} pending"))
     rows.append(("on-chain verdicts", status.index if onchain is None else
                  f"{onchain['passed']} passing, {onchain['failed']} failing (all runs, index)"))
     extra = {"attestations": local, "onchain_verdicts": onchain,

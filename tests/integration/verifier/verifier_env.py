@@ -130,8 +130,9 @@ class RunEnv:
 
 
 def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None,
-                  rollout: RolloutSpec | None = None) -> RunEnv:
-    """A run on a fresh Anvil node; the tiny untrained model unless `model_dir` names another."""
+                  rollout: RolloutSpec | None = None, chain_spec: ChainSpec | None = None) -> RunEnv:
+    """A run on a fresh Anvil node; the tiny untrained model unless `model_dir` names another; every
+    verifier checks every commit, at quorum 1, unless `chain_spec` says otherwise."""
     root = tmp_path_factory.mktemp(name)
     anvil = AnvilProcess.start(accounts=max(20, accounts))
     try:
@@ -150,7 +151,8 @@ def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         store = LocalStore(root / "store")
         manifest, manifest_cid = publish_model_dir(store, model_dir, num_shards=2)
-        chain_spec = ChainSpec(check_probability_ppm=1_000_000, challenge_window_blocks=WINDOW, attestation_quorum=1)
+        chain_spec = chain_spec or ChainSpec(check_probability_ppm=1_000_000, challenge_window_blocks=WINDOW,
+                                             attestation_quorum=1)
         spec = RunSpec(name=name, seed=7, task="arithmetic", base_manifest_cid=manifest_cid, num_shards=2,
                        rollout=rollout or RolloutSpec(prompts_per_contribution=4, group_size=4), chain=chain_spec,
                        compression=CompressionConfig(density=0.25, dtype="int8", dense_versions=1),
@@ -178,10 +180,10 @@ def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None
 # ------------------------------------------------------------------ driving a verifier
 
 
-def make_loop(env, path, start_block: int, lines: list[str]) -> VerifierLoop:
-    chain = env.at(VERIFIER)
-    state = VerifierState(path, contract=env.protocol, run_id=env.spec.run_id, verifier=env.address(VERIFIER))
-    who = Who(env.w3.eth.chain_id, env.protocol, env.address(VERIFIER), bytes(env.keys[VERIFIER].verify_key), "hf-torch")
+def make_loop(env, path, start_block: int, lines: list[str], verifier: int = VERIFIER) -> VerifierLoop:
+    chain = env.at(verifier)
+    state = VerifierState(path, contract=env.protocol, run_id=env.spec.run_id, verifier=env.address(verifier))
+    who = Who(env.w3.eth.chain_id, env.protocol, env.address(verifier), bytes(env.keys[verifier].verify_key), "hf-torch")
     return VerifierLoop(chain, env.store, env.spec, state, who,
                         LoopSettings(poll_interval_s=0.05, max_backoff_s=1.0, payload_retry_s=0.05),
                         echo=lines.append, start_block=start_block)

@@ -92,7 +92,7 @@ class FakeReplayer:
     def __init__(self, *args):
         pass
 
-    def replay(self, job, randomness):
+    def replay(self, job, randomness, shard=None):
         FakeReplayer.replays += 1
         return ReplayResult(True, "passed", [check_record("signature", True, "ok", {}, 0.001 * FakeReplayer.replays)])
 
