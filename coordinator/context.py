@@ -40,6 +40,8 @@ class RunContext:
     _states: dict[int, object] = field(default_factory=dict, repr=False)
     _contributions: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False)
+    # commit id -> (monotonic time of the next fetch, current delay): content missing at the last try
+    content_retry: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
     def run_id(self) -> bytes:

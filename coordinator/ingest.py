@@ -14,9 +14,13 @@ Design decisions:
 - Payload errors map to codes: a key other than the staked one -> unknown_key; a signature that
   does not verify -> bad_signature; bytes that contradict the signed header or the digest ->
   digest_mismatch; anything else undecodable or inconsistent -> malformed_payload.
-- Missing content is not a verdict on the worker yet: the commit stays pending and is retried on
-  each pass until `spec.version.deadline_s` after its commit block, then it is rejected as
-  unavailable. A store outage (unreachable, not merely missing) propagates to the loop, which
+- Missing content is not a verdict on the worker yet: the commit stays pending and is retried
+  until `spec.version.deadline_s` after its commit block, then it is rejected as unavailable.
+  Retries back off per commit (`CONTENT_RETRY_S`, doubling up to `CONTENT_RETRY_MAX_S`; the last
+  one at the deadline): on a networked store a fetch of content nobody has waits out the
+  store's timeout (60 s on Kubo), and committing digests of content that does not exist is
+  cheap, so retrying every one on every pass let a worker stall every pass by a minute per
+  commit until the deadline. A store outage (unreachable, not merely missing) propagates to the loop, which
   backs off; it never turns into rejections.
 - Before a contribution can be folded it also passes the verifier's cheap checks (assignment and
   rewards recomputed: a tokenizer pass and the task's reward function, no model), so reward
@@ -99,6 +103,10 @@ class CommitView:
     nonce_first_commit: int | None = None  # the run's first commit by this worker with this nonce
 
 
+CONTENT_RETRY_S = 5.0
+CONTENT_RETRY_MAX_S = 120.0
+
+
 def _reject(code: RejectionCode, reason: str) -> Outcome:
     return Outcome(ContributionStatus.REJECTED, code, reason[:500])
 
@@ -170,8 +178,11 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
     if staleness > ctx.spec.staleness.max_staleness:
         return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
                                             f"{ctx.spec.staleness.max_staleness} for version {next_version}")
+    if not _fetch_due(ctx, commit, now):
+        return Outcome(ContributionStatus.PENDING, reason="waiting for content (backing off)")
     try:
         contribution = fetch_and_validate(ctx, commit)
+        ctx.content_retry.pop(commit.commit_id, None)
     except ObjectTooLargeError as exc:
         return _reject(RejectionCode.MALFORMED_PAYLOAD, f"too large: {exc}")
     except PayloadError as exc:
@@ -182,6 +193,7 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
             message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
             return _reject(RejectionCode.UNAVAILABLE, f"content still missing {waited:.0f} s after the commit "
                                                       f"(deadline {ctx.spec.version.deadline_s:g} s): {message}")
+        _missed(ctx, commit.commit_id)
         return Outcome(ContributionStatus.PENDING, reason=f"waiting for content: {type(exc).__name__}")
     behind = contribution.header.model_version - contribution.header.behaviour_version
     if behind > ctx.spec.staleness.max_staleness:
@@ -215,6 +227,22 @@ def cheap_replay(ctx, contribution) -> Outcome | None:
     if not rewards.ok:
         return _reject(RejectionCode.WRONG_REWARDS, f"rewards: {rewards.detail}")
     return None
+
+
+def _fetch_due(ctx, commit: CommitView, now: float) -> bool:
+    """Whether to fetch `commit`'s content this pass: always, unless it was missing at the last try and
+    its back-off has not run out (past the deadline it is always tried, so it is rejected on time)."""
+    retry = ctx.content_retry.get(commit.commit_id)
+    if retry is None or time.monotonic() >= retry[0]:
+        return True
+    return commit.block_time is not None and now - commit.block_time > ctx.spec.version.deadline_s
+
+
+def _missed(ctx, commit_id: int) -> None:
+    """Content of `commit_id` was missing: next try after a doubled delay."""
+    _, delay = ctx.content_retry.get(commit_id, (0.0, CONTENT_RETRY_S / 2))
+    delay = min(CONTENT_RETRY_MAX_S, delay * 2)
+    ctx.content_retry[commit_id] = (time.monotonic() + delay, delay)
 
 
 def undecided_commits(ctx) -> list[CommitView]:

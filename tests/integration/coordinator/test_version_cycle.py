@@ -194,3 +194,38 @@ def test_a_coordinator_serving_some_shards_rejects_contributions_that_carry_none
     assert rows[carries_both].status == ContributionStatus.ACCEPTED
     assert rows[carries_0].reason_code == RejectionCode.NO_SERVED_SHARD
     assert "carries gradients for shards [0] only; this coordinator serves shards [1]" in rows[carries_0].reason
+
+
+def test_content_missing_at_ingest_is_retried_with_back_off_then_rejected_at_the_deadline(coordinator_env,
+                                                                                          monkeypatch):
+    """Committing digests of content nobody has costs a worker only gas; on a networked store each fetch of
+    such content waits out the store's timeout, so a pending commit is not refetched on every pass."""
+    import time as clock
+
+    from krill.coordinator import ingest as ingest_module
+    from krill.store.cid import digest_to_cid
+
+    env = coordinator_env()
+    account, who = env.stake(1)
+    header, files = env.produce(who, nonce=0)
+    env.upload(header, files, with_files=False)  # the files never arrive
+    commit = env.commit(account, header)
+    ctx, indexer = env.context()
+    indexer.sync()
+    header_cid = digest_to_cid(header.digest)
+    fetched, get = [], ctx.store.get
+    ctx.store.get = lambda cid, **k: fetched.append(cid) or get(cid, **k)
+    now = clock.time()
+
+    assert ingest_module.ingest(ctx, next_version=1, now=now).pending == 1
+    assert fetched.count(header_cid) == 1
+    assert ingest_module.ingest(ctx, next_version=1, now=now).pending == 1
+    assert fetched.count(header_cid) == 1  # backing off: not fetched again
+    later = clock.monotonic() + ingest_module.CONTENT_RETRY_S + 0.1
+    monkeypatch.setattr(ingest_module.time, "monotonic", lambda: later)
+    assert ingest_module.ingest(ctx, next_version=1, now=now).pending == 1
+    assert fetched.count(header_cid) == 2  # the back-off ran out: tried again, still missing
+    past_deadline = now + env.spec.version.deadline_s + 3600
+    assert ingest_module.ingest(ctx, next_version=1, now=past_deadline).rejected == 1  # the deadline is never skipped
+    with ctx.db.session() as s:
+        assert s.get(Contribution, commit).reason_code == RejectionCode.UNAVAILABLE
