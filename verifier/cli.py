@@ -130,9 +130,10 @@ def _run(config, bar, max_attestations: int | None) -> None:
         echo("interrupted")
     finally:
         counts = state.counts()
-        echo(f"verifier stopped: {counts['attested']} attested ({counts['passed']} passed, {counts['failed']} failed; "
-             f"{counts['corroborated']} corroborating another verifier's failing verdict), "
-             f"{counts['skipped']} not selected, {counts['missed']} missed, {counts['error']} errors, "
+        corroborated = (f"; {counts['corroborated']} corroborating another verifier's failing verdict"
+                        if counts["corroborated"] else "")
+        echo(f"verifier stopped: {counts['attested']} attested ({counts['passed']} passed, {counts['failed']} failed"
+             f"{corroborated}), {counts['skipped']} not selected, {counts['missed']} missed, {counts['error']} errors, "
              f"{counts['pending']} pending")
         state.close()
 
