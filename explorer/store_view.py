@@ -62,25 +62,32 @@ def _evidence_shape(doc: Any) -> str | None:
         return "not a JSON object"
     if doc.get("format") != EVIDENCE_FORMAT:
         return f"format {str(doc.get('format'))[:40]!r}, expected {EVIDENCE_FORMAT!r}"
-    for key, kinds, what in _EVIDENCE_FIELDS:
-        if key not in doc and what.endswith("or null"):
-            continue
-        if not _is(doc.get(key), kinds):
-            return f"{key!r} is {_kind(doc.get(key)) if key in doc else 'missing'}, expected {what}"
+    problem = _fields_problem(doc, _EVIDENCE_FIELDS, lambda key: repr(key))
+    if problem:
+        return problem
     checks = doc.get("checks")
     if not isinstance(checks, list):
         return f"'checks' is {_kind(checks) if 'checks' in doc else 'missing'}, expected a list of objects"
     for i, check in enumerate(checks):
         if not isinstance(check, dict):
             return f"checks[{i}] is {_kind(check)}, expected an object"
-        for key, kinds, what in _CHECK_FIELDS:
-            if key not in check and what.endswith("or null"):
-                continue
-            if not _is(check.get(key), kinds):
-                return f"checks[{i}].{key} is {_kind(check.get(key)) if key in check else 'missing'}, expected {what}"
+        problem = _fields_problem(check, _CHECK_FIELDS, lambda key, i=i: f"checks[{i}].{key}")
+        if problem:
+            return problem
         bad = [k for k, v in (check.get("figures") or {}).items() if not _is(v, (str, int, bool, type(None)))]
         if bad:
             return f"checks[{i}].figures[{str(bad[0])[:40]!r}] is not a string, integer, boolean or null"
+    return None
+
+
+def _fields_problem(obj: dict, fields, name) -> str | None:
+    """The first of `fields` (key, kinds, what) that `obj` lacks or holds in another kind; `name(key)`
+    spells the key in the message. A field whose `what` ends with "or null" may be absent."""
+    for key, kinds, what in fields:
+        if key not in obj and what.endswith("or null"):
+            continue
+        if not _is(obj.get(key), kinds):
+            return f"{name(key)} is {_kind(obj.get(key)) if key in obj else 'missing'}, expected {what}"
     return None
 
 

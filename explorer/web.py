@@ -17,7 +17,6 @@ Design decisions:
 from __future__ import annotations
 
 import json
-import math
 import sys
 import traceback
 from importlib.resources import files
@@ -26,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from krill.audit.report import finite  # JSON has no NaN or infinity: such floats become null
 from krill.explorer.audit_status import AuditStatus
 from krill.explorer.charts import overview_charts
 from krill.explorer.paging import BadRequest, NotFound, page_request
@@ -45,17 +45,6 @@ SECURITY_HEADERS = (
 )
 STATUS_TEXT = {200: "200 OK", 303: "303 See Other", 400: "400 Bad Request", 404: "404 Not Found",
                405: "405 Method Not Allowed", 500: "500 Internal Server Error", 503: "503 Service Unavailable"}
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such floats (a reward of a version with no rollouts) become null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 class RequestContext:
@@ -143,7 +132,7 @@ class ExplorerApp:
         return params
 
     def _json(self, status: int, data: Any, headers: list[tuple[str, str]] | None = None):
-        body = json.dumps(_finite(data), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str).encode()
+        body = json.dumps(finite(data), sort_keys=True, separators=(",", ":"), allow_nan=False, default=str).encode()
         return status, [("Content-Type", "application/json"), *(headers or [])], body
 
     def _html(self, status: int, template: str, data: dict[str, Any], params: dict[str, str],
