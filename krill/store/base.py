@@ -28,7 +28,7 @@ from typing import BinaryIO
 
 from krill.errors import IntegrityError, StoreError
 from krill.store.cid import MAX_BLOCK_SIZE, normalize_cid, raw_block_cid
-from krill.store.unixfs import ObjectTooLargeError, build_file_dag, iter_file
+from krill.store.unixfs import ObjectTooLargeError, build_file_dag, read_file
 
 __all__ = ["BlockBackedStore", "Content", "ContentStore", "ObjectTooLargeError", "PreparedContent", "open_store"]
 
@@ -168,12 +168,7 @@ class BlockBackedStore(ContentStore):
         self._write_block(cid, block)
 
     def _get(self, cid: str, limit: int) -> bytes:
-        out = bytearray()
-        for piece in iter_file(self._read_block, cid, limit):
-            out += piece
-            if len(out) > limit:
-                raise ObjectTooLargeError(f"object {cid} is larger than the limit of {limit} bytes")
-        return bytes(out)
+        return read_file(self._read_block, cid, limit)
 
 
 class _open_content:

@@ -15,7 +15,7 @@ Design decisions:
 - Rebuilding a file's DAG from its bytes checks only DAGs built Krill's way (`file_cid`: CIDv1,
   raw leaves, 256 KiB chunks). Any other file DAG (CIDv0 from plain `ipfs add`, dag-pb leaves,
   another chunker or layout) cannot be checked that way, so when the rebuild does not match,
-  the DAG is read block by block (`block/get`) and walked by `iter_file`, which checks every block
+  the DAG is read block by block (`block/get`) and walked by `read_file` (`iter_file`), which checks every block
   against its CID, as the blockstore-backed stores read every file. Such DAGs cost one request a
   block; a Kubo that returned wrong bytes is caught by the walk, which refuses its blocks.
 - Kubo's `timeout` option bounds how long the daemon looks for content on the network; an answer
@@ -34,7 +34,7 @@ import httpx
 from krill.errors import ContentNotFoundError, IntegrityError, StoreError, StoreUnavailableError
 from krill.store.base import Content, ContentStore, ObjectTooLargeError, PreparedContent, _open_content
 from krill.store.cid import MAX_BLOCK_SIZE, RAW, cid_parts, file_cid, normalize_cid, raw_block_cid
-from krill.store.unixfs import iter_file
+from krill.store.unixfs import read_file
 
 _NOT_FOUND_MARKERS = ("not found", "no link named", "context deadline exceeded", "could not find")
 
@@ -143,13 +143,8 @@ class KuboStore(ContentStore):
         if file_cid(data) == cid:
             return data
         # Another DAG layout (CIDv0, dag-pb leaves, ...), or wrong bytes: walk it, checking each block.
-        out = bytearray()
-        for piece in iter_file(lambda block: self._stream("block/get", {"arg": block, "timeout": timeout},
-                                                          MAX_BLOCK_SIZE * 2), cid, limit):
-            out += piece
-            if len(out) > limit:
-                raise ObjectTooLargeError(f"object {cid} is larger than the limit of {limit} bytes")
-        return bytes(out)
+        return read_file(lambda block: self._stream("block/get", {"arg": block, "timeout": timeout},
+                                                    MAX_BLOCK_SIZE * 2), cid, limit)
 
     def has(self, cid: str) -> bool:
         cid = normalize_cid(cid)

@@ -328,6 +328,16 @@ def iter_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> It
     yield from _walk(get_block, normalize_cid(cid), max_bytes, expected_size=None, depth=0)
 
 
+def read_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> bytes:
+    """The whole content of the file `cid` (`iter_file`), ObjectTooLargeError past `max_bytes`."""
+    out = bytearray()
+    for piece in iter_file(get_block, cid, max_bytes):
+        out += piece
+        if len(out) > max_bytes:
+            raise ObjectTooLargeError(f"object {cid} is larger than the limit of {max_bytes} bytes")
+    return bytes(out)
+
+
 def _fetch(get_block: Callable[[str], bytes], cid: str, limit: int) -> bytes:
     block = get_block(cid)
     if len(block) > limit:
