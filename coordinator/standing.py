@@ -10,8 +10,8 @@ Design decisions:
   (`krill.coordinator.confirm`).
 - Counts are over this run's commits: the run spec's prior is the run's, and another run's
   verdicts judged other work.
-- Draws are cached per (commit, verifier): a verdict's draw never changes once the randomness is
-  sealed, and every close weighs the same workers again.
+- The draw is memoised on its inputs (`krill.protocol.selection.drawn`): every close weighs the same
+  workers' verdicts again.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from sqlalchemy.orm import aliased
 from krill.coordinator.trust import Standing
 from krill.db.models import Commit, Participant, Verdict
 from krill.protocol.selection import drawn
-
-_DRAWS: dict[tuple[int, str], bool] = {}
 
 
 def standings(session, run_id: str, workers: set[str], probability_ppm: int,
@@ -36,17 +34,13 @@ def standings(session, run_id: str, workers: set[str], probability_ppm: int,
         select(Participant).where(Participant.address.in_(names)))}
     checker = aliased(Participant)
     rows = session.execute(
-        select(Commit.worker, Commit.commit_id, Commit.randomness, Verdict.verifier, Verdict.ok, checker.ed25519_key)
+        select(Commit.worker, Commit.commit_id, Commit.randomness, Verdict.ok, checker.ed25519_key)
         .join(Verdict, Verdict.commit_id == Commit.commit_id)
         .join(checker, checker.address == Verdict.verifier)
         .where(Commit.run_id == run_id, Commit.worker.in_(names))).all()
-    for worker, commit_id, randomness, verifier, ok, key in rows:
+    for worker, commit_id, randomness, ok, key in rows:
         if worker not in out or randomness is None or key is None or (not ok and commit_id in refuted):
             continue
-        draw = _DRAWS.get((commit_id, verifier))
-        if draw is None:
-            draw = _DRAWS[(commit_id, verifier)] = drawn(bytes.fromhex(randomness), commit_id, bytes.fromhex(key),
-                                                         probability_ppm)
-        if draw:
+        if drawn(bytes.fromhex(randomness), commit_id, bytes.fromhex(key), probability_ppm):
             out[worker][0 if ok else 1] += 1
     return {w: Standing(passes, fails, jailed) for w, (passes, fails, jailed) in out.items()}

@@ -6,11 +6,16 @@ Design decisions:
   before sealing; the coordinator uses it to count towards trust only the verdicts of verifiers
   the draw selected (anyone may attest, so unselected verdicts, a worker's own sybil verifiers
   passing its commits included, would otherwise buy trust).
+- The draw is a pure function of its four inputs and is memoised on them: the coordinator weighs
+  the same verdicts at every close.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 
+
+@lru_cache(maxsize=1 << 16)
 def drawn(randomness: bytes, commit_id: int, verifier_key: bytes, probability_ppm: int) -> bool:
     """The contract's `isCheckSelected` draw on `randomness`: keccak256(abi.encode(randomness,
     commitId, verifierKey)) mod 10^6 < checkProbabilityPpm."""
