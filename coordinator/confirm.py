@@ -31,6 +31,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from krill.coordinator.journal import CoordinatorBase
 from krill.db.models import Commit, Contribution, RejectionCode
 from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
+from krill.rl.staleness import rollout_lag_problem
 
 
 class Refutation(CoordinatorBase):
@@ -76,10 +77,9 @@ def confirm_failure(ctx, commit_id: int) -> Confirmation:
             return Confirmation(True, f"content unavailable after the deadline: {row.reason}")
         return Confirmation(None, f"content not fetched yet ({type(exc).__name__}); deciding on a later pass")
     header, batch = contribution.header, contribution.rollouts
-    behind = header.model_version - header.behaviour_version
-    if behind < 0 or behind > ctx.spec.staleness.max_staleness:
-        return Confirmation(True, f"rollouts sampled at version {header.behaviour_version}, {behind} from the "
-                                  f"learner version (S_max = {ctx.spec.staleness.max_staleness})")
+    lag = rollout_lag_problem(header.model_version, header.behaviour_version, ctx.spec.staleness.max_staleness)
+    if lag is not None:
+        return Confirmation(True, lag)
     cheap = cheap_replay(ctx, contribution)
     if cheap is not None:
         return Confirmation(True, cheap.reason)

@@ -51,6 +51,7 @@ from krill.db.models import (
 from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
 from krill.payload import errors as pe
 from krill.phases import phase
+from krill.rl.staleness import rollout_lag_problem
 
 _CODES: tuple[tuple[type[PayloadError], RejectionCode], ...] = (
     (pe.DigestMismatchError, RejectionCode.DIGEST_MISMATCH),
@@ -195,11 +196,10 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
                                                       f"(deadline {ctx.spec.version.deadline_s:g} s): {message}")
         _missed(ctx, commit.commit_id)
         return Outcome(ContributionStatus.PENDING, reason=f"waiting for content: {type(exc).__name__}")
-    behind = contribution.header.model_version - contribution.header.behaviour_version
-    if behind > ctx.spec.staleness.max_staleness:
-        return _reject(RejectionCode.STALE, f"rollouts sampled at version {contribution.header.behaviour_version}, "
-                                            f"{behind} behind the learner version (S_max = "
-                                            f"{ctx.spec.staleness.max_staleness})")
+    lag = rollout_lag_problem(contribution.header.model_version, contribution.header.behaviour_version,
+                              ctx.spec.staleness.max_staleness)
+    if lag is not None:
+        return _reject(RejectionCode.STALE, lag)
     served = ctx.served_shards()
     if not set(contribution.gradients) & set(served):
         from krill.coordinator.close import no_served_shard

@@ -33,7 +33,8 @@ Design decisions:
   digests that differ.
 - The coordinator's rules live in `coordinator/ingest.py`, which the audit may not import (the core
   never imports a role): the replay checks and the codec are the shared `krill.protocol.work`
-  functions; the nonce and rollout-staleness rules are one comparison each and are restated here.
+  functions, and the rollout-staleness rule is `krill.rl.staleness.rollout_lag_problem`; the nonce
+  rule is one comparison and is restated here.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
 from krill.errors import PayloadError
 from krill.protocol.record import AcceptedEntry
 from krill.protocol.step import Submission
-from krill.rl.staleness import StalenessError, staleness_weight
+from krill.rl.staleness import StalenessError, rollout_lag_problem, staleness_weight
 
 WEIGHT_REL_TOL = 1e-12
 
@@ -125,13 +126,8 @@ def check_nonce(source: AuditSource, entry: AcceptedEntry) -> list[str]:
 def check_rollout_staleness(source: AuditSource, entry: AcceptedEntry) -> list[str]:
     """The rollouts (sampled at the entry's behaviour version, which `payload` checks against the
     header) are at most S_max versions older than the learner version."""
-    behind, limit = entry.model_version - entry.behaviour_version, source.spec.staleness.max_staleness
-    if behind < 0:
-        return [f"rollouts sampled at version {entry.behaviour_version}, after the learner version {entry.model_version}"]
-    if behind > limit:
-        return [f"rollouts sampled at version {entry.behaviour_version}, {behind} behind the learner version "
-                f"(S_max = {limit})"]
-    return []
+    lag = rollout_lag_problem(entry.model_version, entry.behaviour_version, source.spec.staleness.max_staleness)
+    return [] if lag is None else [lag]
 
 
 def fetch_contribution(source: AuditSource, entry: AcceptedEntry):

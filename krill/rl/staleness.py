@@ -43,3 +43,16 @@ def staleness_weight(staleness: int, config: StalenessConfig) -> float:
     if config.kind == "inverse":
         return 1.0 / (1.0 + staleness)
     return math.exp(-staleness / config.tau)
+
+
+def rollout_lag_problem(model_version: int, behaviour_version: int, max_staleness: int) -> str | None:
+    """Why rollouts sampled at `behaviour_version` may not feed a gradient taken at `model_version`
+    (None: they may): sampled after it, or more than S_max versions before it. The coordinator's
+    ingest and slash replay and `krill audit` apply this one rule."""
+    behind = model_version - behaviour_version
+    if behind < 0:
+        return f"rollouts sampled at version {behaviour_version}, after the learner version {model_version}"
+    if behind > max_staleness:
+        return (f"rollouts sampled at version {behaviour_version}, {behind} behind the learner version "
+                f"(S_max = {max_staleness})")
+    return None
