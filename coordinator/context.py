@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from krill.config import CoordinatorConfig
+from krill.store.fetcher import Fetcher
 
 MAX_CACHED_CONTRIBUTIONS = 512
 
@@ -42,6 +43,8 @@ class RunContext:
     _cache: dict = field(default_factory=dict, repr=False)
     # commit id -> (monotonic time of the next fetch, current delay): content missing at the last try
     content_retry: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    # fetches of commits' content, off the coordinator's thread (one lane per worker)
+    fetcher: Fetcher = field(default_factory=Fetcher, repr=False)
 
     @property
     def run_id(self) -> bytes:

@@ -22,6 +22,12 @@ Design decisions:
   cheap, so retrying every one on every pass let a worker stall every pass by a minute per
   commit until the deadline. A store outage (unreachable, not merely missing) propagates to the loop, which
   backs off; it never turns into rejections.
+- Fetches run on the context's fetch threads (`krill.store.fetcher`), one lane per worker: a pass
+  submits every due fetch, waits at most `PASS_WAIT_S` for those it queued, decides what arrived
+  and leaves the rest pending for a later pass. The first fetch of content nobody has therefore holds
+  one thread of its worker's lane, not the pass, and honest contributions committed after a
+  hundred junk commits are still decided in the pass that first sees them. Decoding and checking
+  the files (`validate_contribution`) stay on the coordinator's thread.
 - Before a contribution can be folded it also passes the verifier's cheap checks (assignment and
   rewards recomputed: a tokenizer pass and the task's reward function, no model), so reward
   forgery, cherry-picked prompts and copied payloads are never applied, checked or not. The
@@ -52,6 +58,7 @@ from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
 from krill.payload import errors as pe
 from krill.phases import phase
 from krill.rl.staleness import rollout_lag_problem
+from krill.store.fetcher import PASS_WAIT_S
 
 _CODES: tuple[tuple[type[PayloadError], RejectionCode], ...] = (
     (pe.DigestMismatchError, RejectionCode.DIGEST_MISMATCH),
@@ -115,32 +122,40 @@ def _reject(code: RejectionCode, reason: str) -> Outcome:
 def fetch_and_validate(ctx, commit: CommitView):
     """The validated contribution of `commit`; PayloadError if it is invalid, ContentNotFoundError if
     some part is not in the store (yet)."""
-    from krill.payload.contribution import (
-        ExpectedContext,
-        check_context,
-        check_file_names,
-        validate_contribution,
-    )
-    from krill.payload.header import ROLLOUTS_FILE, decode_header
-    from krill.protocol.work import run_codec
-    from krill.store.cid import digest_to_cid
+    expected, lengths = expected_context(ctx, commit)
+    header_bytes, files = fetch_content(ctx.store, ctx.spec.limits, expected, lengths)
+    return validated(ctx, header_bytes, files, expected, lengths)
 
-    limits = ctx.spec.limits
-    digest = bytes.fromhex(commit.header_digest)
-    with phase("fetch"):
-        header_bytes = ctx.store.get(digest_to_cid(digest), max_bytes=limits.max_header_bytes)
+
+def expected_context(ctx, commit: CommitView):
+    """What the chain says `commit`'s payload must name, and the gradient lengths of its version."""
+    from krill.payload.contribution import ExpectedContext
+    from krill.protocol.work import run_codec
+
     state = ctx.state(commit.version)
     expected = ExpectedContext(run_id=ctx.run_hex, chain_id=ctx.chain_id, contract=ctx.contract,
                                worker=commit.worker, ed25519_key=commit.worker_key, model_version=commit.version,
-                               manifest_cid=state.manifest_cid, digest=digest, nonce=commit.nonce,
-                               **run_codec(ctx.spec))
-    lengths = ctx.grad_lengths(commit.version)
+                               manifest_cid=state.manifest_cid, digest=bytes.fromhex(commit.header_digest),
+                               nonce=commit.nonce, **run_codec(ctx.spec))
+    return expected, ctx.grad_lengths(commit.version)
+
+
+def fetch_content(store, limits, expected, lengths) -> tuple[bytes, dict[str, bytes]]:
+    """The header and files of a commit. The header is checked (digest, context, signature, file names
+    and sizes) before any file is fetched, so a forged header costs one small read. Touches only the
+    store and its arguments: it runs on the fetch threads."""
+    from krill.payload.contribution import check_context, check_file_names
+    from krill.payload.header import ROLLOUTS_FILE, decode_header
+    from krill.store.cid import digest_to_cid
+
+    with phase("fetch"):
+        header_bytes = store.get(digest_to_cid(expected.digest), max_bytes=limits.max_header_bytes)
     with phase("validate"):
-        if hashlib.sha256(header_bytes).digest() != digest:
+        if hashlib.sha256(header_bytes).digest() != expected.digest:
             raise pe.DigestMismatchError("header bytes do not hash to the committed digest", field="header")
         header = decode_header(header_bytes, limits, verify=False)
         check_context(header, expected)
-        header.verify(commit.worker_key)
+        header.verify(expected.ed25519_key)
         check_file_names(header, lengths)  # before any file is fetched: names it may not carry cost no bytes
         for name, ref in sorted(header.files.items()):
             cap = limits.max_rollout_bytes if name == ROLLOUTS_FILE else limits.max_grad_bytes
@@ -150,11 +165,18 @@ def fetch_and_validate(ctx, commit: CommitView):
     for name, ref in sorted(header.files.items()):
         try:
             with phase("fetch"):
-                files[name] = ctx.store.get(ref.cid, max_bytes=ref.size)
+                files[name] = store.get(ref.cid, max_bytes=ref.size)
         except IntegrityError as exc:  # the store refused bytes not matching the CID the worker signed
             raise pe.DigestMismatchError(f"content under {ref.cid} does not match it: {exc}", field=name) from None
+    return header_bytes, files
+
+
+def validated(ctx, header_bytes: bytes, files: dict[str, bytes], expected, lengths):
+    """The contribution the fetched bytes make; PayloadError if they do not make a valid one."""
+    from krill.payload.contribution import validate_contribution
+
     with phase("validate"):
-        return validate_contribution(header_bytes, files, limits, expected, lengths)
+        return validate_contribution(header_bytes, files, ctx.spec.limits, expected, lengths)
 
 
 def contribution_bytes(contribution) -> int:
@@ -163,26 +185,27 @@ def contribution_bytes(contribution) -> int:
     return len(header.encode()) + sum(ref.size for ref in header.files.values())
 
 
-def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
-    """Decide one commit: accepted, rejected (with a code), or still pending."""
+def examine(ctx, commit: CommitView, next_version: int, now: float, wait_s: float = PASS_WAIT_S) -> Outcome:
+    """Decide one commit: accepted, rejected (with a code), or still pending. Its content is fetched on
+    the context's fetch threads; this waits at most `wait_s` for it (`ingest` submits every due
+    fetch first, waits once for those it queued, and passes 0)."""
     from krill.store.unixfs import ObjectTooLargeError
 
-    if commit.jailed:
-        return _reject(RejectionCode.JAILED, "the worker is jailed (a commit was slashed)")
-    if commit.worker_key is None:
-        return _reject(RejectionCode.UNKNOWN_KEY, "the worker had no staked Ed25519 key when it committed")
-    if commit.nonce_first_commit is not None and commit.nonce_first_commit != commit.commit_id:
-        return _reject(RejectionCode.WRONG_ASSIGNMENT,
-                       f"nonce {commit.nonce} was already committed by this worker in commit "
-                       f"{commit.nonce_first_commit}: the assignment it derives would repeat")
-    staleness = next_version - 1 - commit.version
-    if staleness > ctx.spec.staleness.max_staleness:
-        return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
-                                            f"{ctx.spec.staleness.max_staleness} for version {next_version}")
+    early = precheck(ctx, commit, next_version)
+    if early is not None:
+        ctx.fetcher.take(commit.commit_id)  # a result fetched before the worker was jailed is not needed
+        return early
     if not _fetch_due(ctx, commit, now):
         return Outcome(ContributionStatus.PENDING, reason="waiting for content (backing off)")
+    if submit_fetch(ctx, commit) and wait_s > 0:
+        with phase("fetch"):
+            ctx.fetcher.wait([commit.commit_id], wait_s)
+    fetched = ctx.fetcher.take(commit.commit_id)
+    if fetched is None:
+        return Outcome(ContributionStatus.PENDING, reason="fetching content")
     try:
-        contribution = fetch_and_validate(ctx, commit)
+        header_bytes, files, expected, lengths = fetched.result()
+        contribution = validated(ctx, header_bytes, files, expected, lengths)
         ctx.content_retry.pop(commit.commit_id, None)
     except ObjectTooLargeError as exc:
         return _reject(RejectionCode.MALFORMED_PAYLOAD, f"too large: {exc}")
@@ -211,6 +234,36 @@ def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
         return cheap
     return Outcome(ContributionStatus.ACCEPTED, contribution=contribution,
                    bytes_received=contribution_bytes(contribution))
+
+
+def precheck(ctx, commit: CommitView, next_version: int) -> Outcome | None:
+    """The rejection the index's facts alone decide (jailed, no key, a reused nonce, too stale), else None."""
+    if commit.jailed:
+        return _reject(RejectionCode.JAILED, "the worker is jailed (a commit was slashed)")
+    if commit.worker_key is None:
+        return _reject(RejectionCode.UNKNOWN_KEY, "the worker had no staked Ed25519 key when it committed")
+    if commit.nonce_first_commit is not None and commit.nonce_first_commit != commit.commit_id:
+        return _reject(RejectionCode.WRONG_ASSIGNMENT,
+                       f"nonce {commit.nonce} was already committed by this worker in commit "
+                       f"{commit.nonce_first_commit}: the assignment it derives would repeat")
+    staleness = next_version - 1 - commit.version
+    if staleness > ctx.spec.staleness.max_staleness:
+        return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
+                                            f"{ctx.spec.staleness.max_staleness} for version {next_version}")
+    return None
+
+
+def submit_fetch(ctx, commit: CommitView) -> bool:
+    """Queue the fetch of `commit`'s content in its worker's lane; False when it is already queued,
+    running or fetched. The version's facts are read here, on the coordinator's thread; the fetch
+    touches only the store."""
+    expected, lengths = expected_context(ctx, commit)
+    store, limits = ctx.store, ctx.spec.limits
+
+    def job():
+        return (*fetch_content(store, limits, expected, lengths), expected, lengths)
+
+    return ctx.fetcher.submit(commit.worker, commit.commit_id, job)
 
 
 def cheap_replay(ctx, contribution) -> Outcome | None:
@@ -276,7 +329,13 @@ def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
     indexer, the verifiers and the explorer)."""
     now = time.time() if now is None else now
     report = IngestReport()
-    decided = [(commit, examine(ctx, commit, next_version, now)) for commit in undecided_commits(ctx)]
+    commits = undecided_commits(ctx)
+    queued = [c.commit_id for c in commits
+              if precheck(ctx, c, next_version) is None and _fetch_due(ctx, c, now) and submit_fetch(ctx, c)]
+    if queued:
+        with phase("fetch"):
+            ctx.fetcher.wait(queued, PASS_WAIT_S)
+    decided = [(commit, examine(ctx, commit, next_version, now, wait_s=0)) for commit in commits]
     if not decided:
         return report
     written = []

@@ -32,6 +32,10 @@ Design decisions:
   hold none of the contract's logs (token transfers, for one), which no role acts on. With
   confirmations above 0 the head must be read to know which blocks are buried deep enough, so
   the option is ignored.
+- Headers are fetched on a `Fetcher`'s threads, one lane per worker: a pass waits at most
+  `PASS_WAIT_S` for the fetches it queued and records the rest on a later pass, so a header nobody
+  has (a commit of junk, which waits out a networked store's timeout) holds one thread, not the
+  pass, and is not fetched again while its fetch runs.
 - Content is fetched only when due: after a pass applied events (which add pending rows), while an
   earlier fetch left rows unavailable to retry, and on this process's first pass. A pass with
   nothing new skips the two queries for pending rows.
@@ -49,6 +53,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -64,6 +69,7 @@ from krill.db.session import Database
 from krill.db.types import address
 from krill.errors import ChainUnavailableError
 from krill.payload.limits import PayloadLimits
+from krill.store.fetcher import PASS_WAIT_S, Fetcher
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +133,7 @@ class Indexer:
         self.latest_logs = latest_logs
         self.content_in_sync = content_in_sync
         self._content_due = True  # rows may be pending: events applied, or unavailable ones to retry
+        self._fetcher = Fetcher()  # header fetches, one lane per worker (krill.store.fetcher)
         self._chain_id: int | None = None
         self._cursor: int | None = None  # next block to read, as this process last read or wrote it
         self._head_read_at = float("-inf")  # monotonic time of the last head read
@@ -284,7 +291,7 @@ class Indexer:
         retry = or_(Header.status == FetchStatus.PENDING,
                     (Header.status == FetchStatus.UNAVAILABLE) & (Header.attempts < self.max_fetch_attempts))
         meta = {"chain_id": self.chain_id, "contract": address(self.chain.address)}
-        after = -1  # each header is tried at most once per pass
+        due, queued, after = [], [], -1  # each header is tried at most once per pass
         while True:
             with self.db.session() as session:
                 rows = session.execute(select(Header.commit_id, Header.attempts, Commit).join(Commit)
@@ -293,17 +300,25 @@ class Indexer:
             if not rows:
                 break
             after = rows[-1].commit_id
-            results = [(cid, attempts, fetch_header(self.store, CommitFacts(
-                commit_id=c.commit_id, header_cid=c.header_cid, run_id=c.run_id, worker=c.worker, version=c.version, nonce=c.nonce,
-                worker_key=c.worker_key, **meta), self.header_limits)) for cid, attempts, c in rows]
+            for commit_id, attempts, c in rows:
+                facts = CommitFacts(commit_id=c.commit_id, header_cid=c.header_cid, run_id=c.run_id, worker=c.worker,
+                                    version=c.version, nonce=c.nonce, worker_key=c.worker_key, **meta)
+                if self._fetcher.submit(c.worker, commit_id, partial(fetch_header, self.store, facts,
+                                                                     self.header_limits)):
+                    queued.append(commit_id)
+                due.append((commit_id, attempts))
+        self._fetcher.wait(queued, PASS_WAIT_S)
+        results = [(commit_id, attempts, done.result()) for commit_id, attempts in due
+                   if (done := self._fetcher.take(commit_id)) is not None]
+        for i in range(0, len(results), self.fetch_batch):
             with self.db.write() as session:
-                for commit_id, attempts, outcome in results:
+                for commit_id, attempts, outcome in results[i:i + self.fetch_batch]:
                     self._store_header(session, commit_id, attempts, outcome)
                     report.count("headers", outcome.status)
         self._fetch_manifests(report)
-        # due again only for what the store lacked (retried on later passes, up to max_fetch_attempts);
-        # a fault that raises above leaves it due
-        self._content_due = _unavailable(report) > before
+        # due again for what the store lacked (retried on later passes, up to max_fetch_attempts) and
+        # for fetches still running; a fault that raises above leaves it due
+        self._content_due = _unavailable(report) > before or len(results) < len(due)
 
     def _store_header(self, session, commit_id: int, attempts_seen: int, outcome: Fetched) -> None:
         row = session.get(Header, commit_id, with_for_update=True)

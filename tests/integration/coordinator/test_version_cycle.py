@@ -196,6 +196,54 @@ def test_a_coordinator_serving_some_shards_rejects_contributions_that_carry_none
     assert "carries gradients for shards [0] only; this coordinator serves shards [1]" in rows[carries_0].reason
 
 
+def test_junk_commits_hold_one_fetch_thread_of_their_workers_lane_not_the_pass(coordinator_env):
+    """A worker committing digests of content nobody has: on a networked store each such fetch waits out
+    the store's timeout. Its fetches queue in its own lane, one at a time, and a pass waits at most
+    FETCH_WAIT_S, so an honest commit made after them is accepted by the first pass."""
+    import threading
+
+    from krill.chain.events import Committed
+    from krill.coordinator import ingest as ingest_module
+    from krill.errors import ContentNotFoundError
+    from krill.store.cid import digest_to_cid
+
+    env = coordinator_env()
+    (junk_account, _), (honest_account, honest) = env.stake(1), env.stake(2)
+    digests = [hashlib.sha256(b"junk %d" % n).digest() for n in range(4)]
+    junk = [env.chain.as_account(junk_account).commit(env.run_id, 0, n, d).event(Committed).commit_id
+            for n, d in enumerate(digests)]
+    header, files = env.produce(honest, nonce=0)
+    env.upload(header, files)
+    honest_id = env.commit(honest_account, header)
+    ctx, indexer = env.context()
+    indexer.sync()
+    missing, release, started, get = {digest_to_cid(d) for d in digests}, threading.Event(), [], ctx.store.get
+
+    def networked_get(cid, **kwargs):
+        if cid in missing:
+            started.append(cid)
+            release.wait(8)  # the store looking for content nobody has, until its timeout
+            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
+        return get(cid, **kwargs)
+
+    ctx.store.get = networked_get
+    try:
+        report = ingest_module.ingest(ctx, next_version=1)
+        assert (report.accepted, report.pending) == (1, 4)
+        assert len(started) == 1  # the junk worker's lane runs one fetch at a time
+        with ctx.db.session() as s:
+            assert s.get(Contribution, honest_id).status == ContributionStatus.ACCEPTED
+            assert {s.get(Contribution, c).reason for c in junk} == {"fetching content"}
+    finally:
+        release.set()
+    ctx.fetcher.wait(junk, 10)
+    assert sorted(started) == sorted(missing)
+    report = ingest_module.ingest(ctx, next_version=1)
+    assert (report.accepted, report.pending) == (0, 4)  # missing, before the deadline: backing off
+    with ctx.db.session() as s:
+        assert {s.get(Contribution, c).reason for c in junk} == {"waiting for content: ContentNotFoundError"}
+
+
 def test_content_missing_at_ingest_is_retried_with_back_off_then_rejected_at_the_deadline(coordinator_env,
                                                                                           monkeypatch):
     """Committing digests of content nobody has costs a worker only gas; on a networked store each fetch of

@@ -192,6 +192,55 @@ def test_content_is_fetched_when_due_and_outside_the_passes_when_asked(db, playe
     assert statements == []
 
 
+def test_a_header_the_store_holds_does_not_hold_the_pass(db, played, tmp_path):
+    """On a networked store a header nobody has waits out the store's timeout: its fetch holds one
+    fetch thread (and its worker's lane), the pass records the other workers' headers, and a later
+    pass records the miss."""
+    import threading
+
+    from krill.db.models import Commit
+    from krill.db.indexer import SyncReport
+    from krill.errors import ContentNotFoundError
+
+    sc, store = played
+    private = LocalStore(shutil.copytree(store.root, tmp_path / "store"))
+    ix = indexer(sc, db, private, content_in_sync=False)
+    ix.sync()
+    withheld = sc.commits["withheld"]
+    with db.session() as s:
+        missing = s.get(Commit, withheld).header_cid
+    release, started, get = threading.Event(), [], private.get
+
+    def networked_get(cid, **kwargs):
+        if cid == missing:
+            started.append(cid)
+            release.wait(8)
+            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
+        return get(cid, **kwargs)
+
+    private.get = networked_get
+    try:
+        report = SyncReport(0, 0, 0)
+        assert ix.fetch_due_content(report)
+        # the worker's commit after the withheld one waits in its lane; the other worker's are recorded
+        assert report.fetched == {"headers_available": 2, "headers_invalid": 1, "manifests_available": 2}
+        with db.session() as s:
+            for commit_id in (withheld, sc.commits["contradicting"]):
+                assert (s.get(Header, commit_id).status, s.get(Header, commit_id).attempts) == (FetchStatus.PENDING, 0)
+        report = SyncReport(0, 0, 0)
+        assert ix.fetch_due_content(report)  # still due while its fetch runs, and not fetched twice
+        assert report.fetched == {} and started == [missing]
+    finally:
+        release.set()
+    ix._fetcher.wait([withheld, sc.commits["contradicting"]], 10)
+    report = SyncReport(0, 0, 0)
+    assert ix.fetch_due_content(report)
+    assert report.fetched == {"headers_unavailable": 1, "headers_invalid": 1}
+    with db.session() as s:
+        row = s.get(Header, withheld)
+        assert (row.status, row.attempts) == (FetchStatus.UNAVAILABLE, 1) and "within its timeout" in row.error
+
+
 def test_fetch_attempts_are_capped(db, played):
     sc, store = played
     ix = indexer(sc, db, store, max_fetch_attempts=2)

@@ -1,0 +1,140 @@
+"""Content fetches off a role's main thread: a few fetch threads, one lane per worker.
+
+Design decisions:
+- On a networked store a fetch of content nobody has waits out the store's timeout (60 s on
+  Kubo), and committing the digest of such content costs a worker only gas. Fetched one after
+  another on the role's thread (the coordinator's ingest, any role's indexer), N such commits
+  held a pass for N minutes while honest contributions waited behind them and the version
+  closed late; the indexer retried each on every pass, up to 20 times.
+- So fetches run on at most `threads` daemon threads. A pass submits what is due, waits at most
+  `PASS_WAIT_S` for what it queued (a local store answers in milliseconds, so the pass still
+  decides what it fetched), and leaves what is still running to a later pass, which takes it
+  without waiting for it again: a fetch the store holds costs one pass at most `PASS_WAIT_S`. Daemon threads: a stopping
+  coordinator does not wait for a fetch the store is holding. A thread idle for `IDLE_S` ends,
+  so an idle coordinator (or a test's context) keeps no threads.
+- One lane per worker: a worker has at most one fetch running and its other commits queue behind
+  it; a free thread takes the next job of the lane served least recently (round robin). A worker
+  whose content never arrives therefore holds one thread, and each further thread it wants to
+  hold costs it another staked account.
+- A job's result or exception is kept until taken; a key is not queued again while it waits, runs
+  or waits to be taken. Exceptions travel to the taker, so a store outage still stops the pass as
+  it did when the pass fetched itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+IDLE_S = 30.0  # a fetch thread idle this long ends
+PASS_WAIT_S = 2.0  # the longest a pass waits for the fetches it queued
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished job: its value, or the exception it raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+    def result(self) -> Any:
+        """The value; re-raises the job's exception."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Fetcher:
+    """Runs submitted jobs on at most `threads` threads, one job per lane at a time."""
+
+    def __init__(self, threads: int = 8):
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
+        self._cond = threading.Condition()
+        self._lanes: OrderedDict[str, deque[tuple[Hashable, Callable[[], Any]]]] = OrderedDict()
+        self._busy: set[str] = set()         # lanes with a running job
+        self._known: set[Hashable] = set()   # keys queued, running or done and not taken
+        self._done: dict[Hashable, Finished] = {}
+        self._alive = 0
+        self._idle = 0
+
+    def submit(self, lane: str, key: Hashable, job: Callable[[], Any]) -> bool:
+        """Queue `job` under `key` in `lane`, unless `key` is already queued, running or not yet taken;
+        True when it was queued now."""
+        with self._cond:
+            if key in self._known:
+                return False
+            self._known.add(key)
+            self._lanes.setdefault(lane, deque()).append((key, job))
+            if self._alive < self.threads and self._runnable() > self._idle:
+                self._alive += 1
+                threading.Thread(target=self._serve, name="krill-fetch", daemon=True).start()
+            self._cond.notify_all()  # the condition is shared with `wait`: wake the idle threads among them
+            return True
+
+    def wait(self, keys: Iterable[Hashable], timeout_s: float) -> None:
+        """Block until every one of `keys` submitted here is done, or `timeout_s` has passed."""
+        keys = list(keys)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while any(k in self._known and k not in self._done for k in keys):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
+
+    def take(self, key: Hashable) -> Finished | None:
+        """The finished job of `key`, forgotten once taken; None while it is queued or running (or unknown)."""
+        with self._cond:
+            done = self._done.pop(key, None)
+            if done is not None:
+                self._known.discard(key)
+            return done
+
+    def in_flight(self) -> int:
+        """Jobs queued or running."""
+        with self._cond:
+            return len(self._known) - len(self._done)
+
+    def _next(self) -> tuple[str, Hashable, Callable[[], Any]] | None:
+        for lane, queue in self._lanes.items():
+            if lane not in self._busy:
+                key, job = queue.popleft()
+                if queue:
+                    self._lanes.move_to_end(lane)
+                else:
+                    del self._lanes[lane]
+                self._busy.add(lane)
+                return lane, key, job
+        return None
+
+    def _runnable(self) -> int:
+        return sum(lane not in self._busy for lane in self._lanes)
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                picked, idle_since = self._next(), time.monotonic()
+                while picked is None:
+                    left = IDLE_S - (time.monotonic() - idle_since)
+                    if left <= 0:
+                        self._alive -= 1
+                        return
+                    self._idle += 1
+                    self._cond.wait(left)
+                    self._idle -= 1
+                    picked = self._next()
+            lane, key, job = picked
+            try:
+                done = Finished(value=job())
+            except Exception as exc:  # handed to the taker, which decides what it means
+                done = Finished(error=exc)
+            with self._cond:
+                self._busy.discard(lane)
+                self._done[key] = done
+                self._cond.notify_all()

@@ -1,0 +1,112 @@
+"""The coordinator's fetch threads: one job per worker lane at a time, a bounded number of threads,
+results and errors handed to the taker, and no threads left behind when idle."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from krill.store import fetcher as fetcher_module
+from krill.store.fetcher import Fetcher
+
+
+def _blocking(release: threading.Event, started: list, name: str):
+    def job():
+        started.append(name)
+        if not release.wait(10):
+            raise TimeoutError(f"{name} was never released")
+        return name
+    return job
+
+
+def test_a_lane_runs_one_job_at_a_time_while_other_lanes_proceed():
+    fetcher, release, started = Fetcher(threads=4), threading.Event(), []
+    fetcher.submit("junk", 1, _blocking(release, started, "junk-1"))
+    fetcher.submit("junk", 2, _blocking(release, started, "junk-2"))
+    fetcher.submit("honest", 3, lambda: "honest")
+    fetcher.wait([3], 5)
+    assert fetcher.take(3).result() == "honest"
+    assert started == ["junk-1"]  # the second job of the lane waits for the first
+    assert fetcher.take(1) is None and fetcher.in_flight() == 2
+    release.set()
+    fetcher.wait([1, 2], 5)
+    assert (fetcher.take(1).result(), fetcher.take(2).result()) == ("junk-1", "junk-2")
+    assert fetcher.in_flight() == 0
+
+
+def test_no_more_threads_run_than_configured():
+    fetcher, release, started = Fetcher(threads=2), threading.Event(), []
+    for lane in range(3):
+        fetcher.submit(f"w{lane}", lane, _blocking(release, started, f"w{lane}"))
+    fetcher.wait([0, 1, 2], 0.3)
+    assert sorted(started) == ["w0", "w1"]  # the third lane waits for a free thread
+    release.set()
+    fetcher.wait([0, 1, 2], 5)
+    assert sorted(fetcher.take(k).result() for k in range(3)) == ["w0", "w1", "w2"]
+
+
+def test_wait_gives_up_after_its_budget_and_the_job_is_taken_later():
+    fetcher, release, started = Fetcher(threads=1), threading.Event(), []
+    fetcher.submit("w", 7, _blocking(release, started, "slow"))
+    began = time.monotonic()
+    fetcher.wait([7], 0.2)
+    assert time.monotonic() - began < 5 and fetcher.take(7) is None
+    release.set()
+    fetcher.wait([7], 5)
+    assert fetcher.take(7).result() == "slow"
+
+
+def test_a_key_is_not_queued_twice_until_it_is_taken():
+    fetcher, calls = Fetcher(threads=2), []
+    fetcher.submit("w", 1, lambda: calls.append("first") or "first")
+    fetcher.wait([1], 5)
+    fetcher.submit("w", 1, lambda: calls.append("second") or "second")  # done, not taken: ignored
+    assert fetcher.take(1).result() == "first" and calls == ["first"]
+    fetcher.submit("w", 1, lambda: calls.append("again") or "again")
+    fetcher.wait([1], 5)
+    assert fetcher.take(1).result() == "again"
+
+
+def test_the_jobs_exception_is_raised_to_the_taker():
+    from krill.errors import ContentNotFoundError
+
+    def missing():
+        raise ContentNotFoundError("nobody has bafy…")
+
+    fetcher = Fetcher(threads=1)
+    fetcher.submit("w", 1, missing)
+    fetcher.wait([1], 5)
+    with pytest.raises(ContentNotFoundError, match="nobody has"):
+        fetcher.take(1).result()
+
+
+def test_lanes_take_turns_for_free_threads():
+    fetcher, release, order = Fetcher(threads=1), threading.Event(), []
+    fetcher.submit("first", 0, lambda: release.wait(10))
+    for key, lane in enumerate(["a", "a", "a", "b", "b", "c"], start=1):
+        fetcher.submit(lane, key, lambda lane=lane: order.append(lane))
+    release.set()
+    fetcher.wait(range(7), 5)
+    assert order == ["a", "b", "c", "a", "b", "a"]
+
+
+def test_idle_threads_end(monkeypatch):
+    monkeypatch.setattr(fetcher_module, "IDLE_S", 0.05)
+    fetcher = Fetcher(threads=3)
+    for lane in range(3):
+        fetcher.submit(f"w{lane}", lane, lambda: None)
+    fetcher.wait(range(3), 5)
+    deadline = time.monotonic() + 5
+    while fetcher._alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fetcher._alive == 0
+    fetcher.submit("w", 9, lambda: "after")  # a new job starts a thread again
+    fetcher.wait([9], 5)
+    assert fetcher.take(9).result() == "after"
+
+
+def test_threads_must_be_positive():
+    with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
+        Fetcher(threads=0)
