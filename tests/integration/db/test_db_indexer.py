@@ -198,8 +198,8 @@ def test_a_header_the_store_holds_does_not_hold_the_pass(db, played, tmp_path):
     pass records the miss."""
     import threading
 
-    from krill.db.models import Commit
     from krill.db.indexer import SyncReport
+    from krill.db.models import Commit
     from krill.errors import ContentNotFoundError
 
     sc, store = played
