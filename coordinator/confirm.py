@@ -5,15 +5,14 @@ Design decisions:
   the run's quorum; but any staked verifier may attest on any commit (selection is not enforced
   on-chain, so that other verifiers can corroborate a failure), so a quorum alone proves
   nothing: one staked account could fail an honest commit and collect a bounty from its stake.
-  Before slashing, the coordinator replays the checks itself, cheapest first, with the
-  verifiers' default tolerances (`krill.calibration.table.verifier_tolerances`): the payload
-  (digest, context, nonce, signature, files, codec), rollout staleness, assignment and rewards,
-  the resample at the behaviour version, and the gradient of every shard the contribution
-  carries (not only the one a verifier drew). It slashes only when one of them fails.
+  Before slashing, the coordinator validates the payload as at ingest (digest, context, nonce,
+  signature, files, codec) and replays every check (`krill.protocol.arbiter`: rollout staleness,
+  assignment, rewards, the resample at the behaviour version, the gradient of every shard the
+  contribution carries), with the verifiers' default tolerances. It slashes only when one fails.
 - A quorum the replay refutes is recorded (`Refutation`, the coordinator's own table) with the
   checks that passed, never retried, and its failing verdicts do not count against the worker's
-  trust (`krill.coordinator.standing`). The commit ids stay public in the index (fail count at quorum, not
-  slashed), so anyone can replay them, and `krill audit` lists them.
+  trust (`krill.coordinator.standing`). The commit ids stay public (fail count at quorum, not
+  slashed), and `krill audit` replays them with the same arbiter to judge the refusal.
 - Content the coordinator cannot fetch is the worker's fault only once ingest rejected it as
   unavailable (after the run's deadline); before that the decision waits for the next pass.
 - A replay is a teacher-forced pass, a re-sample and one gradient pass per shard: a few hundred
@@ -31,7 +30,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from krill.coordinator.journal import CoordinatorBase
 from krill.db.models import Commit, Contribution, RejectionCode
 from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
-from krill.rl.staleness import rollout_lag_problem
+from krill.protocol.arbiter import arbitrate, verdict
 
 
 class Refutation(CoordinatorBase):
@@ -56,9 +55,7 @@ class Confirmation:
 
 def confirm_failure(ctx, commit_id: int) -> Confirmation:
     """Replay `commit_id`'s checks; confirmed when one fails."""
-    from krill.calibration.table import verifier_tolerances
-    from krill.coordinator.ingest import CommitView, cheap_replay, fetch_and_validate
-    from krill.protocol.work import check_gradient, check_resample
+    from krill.coordinator.ingest import CommitView, fetch_and_validate
 
     with ctx.db.session() as s:
         c = s.get(Commit, commit_id)
@@ -76,38 +73,8 @@ def confirm_failure(ctx, commit_id: int) -> Confirmation:
         if row is not None and row.reason_code == RejectionCode.UNAVAILABLE:
             return Confirmation(True, f"content unavailable after the deadline: {row.reason}")
         return Confirmation(None, f"content not fetched yet ({type(exc).__name__}); deciding on a later pass")
-    header, batch = contribution.header, contribution.rollouts
-    lag = rollout_lag_problem(header.model_version, header.behaviour_version, ctx.spec.staleness.max_staleness)
-    if lag is not None:
-        return Confirmation(True, lag)
-    cheap = cheap_replay(ctx, contribution)
-    if cheap is not None:
-        return Confirmation(True, cheap.reason)
-    verify = verifier_tolerances(ctx.spec, None)
-    tok = ctx.tokenizer
-    outcomes = [check_resample(ctx.spec, ctx.task, tok, header, batch, _engine(ctx, header.behaviour_version, tok),
-                               verify)]
-    if outcomes[0].ok:
-        learner_state = ctx.state(header.model_version)
-        learner = _model(ctx, header.model_version)
-        outcomes += [check_gradient(ctx.spec, header, batch, grad.values, shard, learner, learner_state,
-                                    tok.pad_token_id, verify) for shard, grad in sorted(contribution.gradients.items())]
-    failed = [o for o in outcomes if not o.ok]
-    if failed:
-        return Confirmation(True, f"{failed[0].name}: {failed[0].detail}")
-    return Confirmation(False, "; ".join(f"{o.name}: {o.detail}" for o in outcomes)[:2000])
-
-
-def _model(ctx, version: int):
-    from krill.protocol.policy import build_model
-
-    return build_model(ctx.state(version))
-
-
-def _engine(ctx, version: int, tok):
-    from krill.rl.engine.hf import HFEngine
-
-    return HFEngine(_model(ctx, version), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, version=version)
+    failed, detail = verdict(arbitrate(ctx.spec, ctx.task, ctx.tokenizer, contribution, ctx.state))
+    return Confirmation(failed, detail)
 
 
 def refuted(session, run_id: str) -> set[int]:

@@ -133,24 +133,30 @@ def check_rollout_staleness(source: AuditSource, entry: AcceptedEntry) -> list[s
 def fetch_contribution(source: AuditSource, entry: AcceptedEntry):
     """The validated contribution of `entry`, in the context the coordinator validates it in
     (raises one of `DATA_ERRORS`)."""
+    commit = source.commit(entry.commit_id)
+    return fetch_payload(source, entry.worker, entry.model_version, bytes.fromhex(entry.header_digest),
+                         commit.nonce if _exists(commit) else None)
+
+
+def fetch_payload(source: AuditSource, worker: str, model_version: int, digest: bytes, nonce: int | None):
+    """The validated contribution committed under `digest` by `worker` at `model_version` with `nonce`
+    (raises one of `DATA_ERRORS`)."""
     from krill.payload.contribution import ExpectedContext, validate_contribution
     from krill.payload.header import decode_header
     from krill.protocol.work import run_codec
     from krill.store.cid import digest_to_cid
 
     spec, store = source.spec, source.store
-    commit = source.commit(entry.commit_id)
-    digest = bytes.fromhex(entry.header_digest)
     header_bytes = store.get(digest_to_cid(digest), max_bytes=spec.limits.max_header_bytes)
     header = decode_header(header_bytes, spec.limits, verify=False)
     files = {name: store.get(ref.cid, max_bytes=ref.size, sha256=bytes.fromhex(ref.sha256))
              for name, ref in header.files.items()}
-    learner = source.state(entry.model_version)
+    learner = source.state(model_version)
     context = ExpectedContext(run_id=spec.run_id.hex(), chain_id=source.chain_id, contract=source.contract,
-                              worker=entry.worker, ed25519_key=source.staked_key(entry.worker).hex(),
-                              model_version=entry.model_version, manifest_cid=learner.manifest_cid, digest=digest,
-                              nonce=commit.nonce if _exists(commit) else None, **run_codec(spec))
-    return validate_contribution(header_bytes, files, spec.limits, context, source.grad_lengths(entry.model_version))
+                              worker=worker, ed25519_key=source.staked_key(worker).hex(),
+                              model_version=model_version, manifest_cid=learner.manifest_cid, digest=digest,
+                              nonce=nonce, **run_codec(spec))
+    return validate_contribution(header_bytes, files, spec.limits, context, source.grad_lengths(model_version))
 
 
 def check_payload(source: AuditSource, entry: AcceptedEntry):

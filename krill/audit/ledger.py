@@ -24,10 +24,11 @@ Design decisions:
     are final by then, and the coordinator, which slashes at the start of every pass, has had every
     pass that built the version to do it. Each commit is due at exactly one version, so `--all`
     checks every commit once; one whose window closed after the latest version's parent was
-    published is not due yet. The row fails naming the due commits left unslashed. A coordinator
-    may decline a slash it has shown by replay to rest on false verdicts; the audit cannot judge
-    that, so the row fails all the same and names the commits: their payloads and the verdicts'
-    evidence are public, and anyone can replay them to judge the refusal.
+    published is not due yet. A coordinator declines a slash its own replay shows to rest on false
+    verdicts (`coordinator/confirm.py`); the audit replays each due commit left unslashed with the
+    same checks (`krill.audit.refusals`) and the row fails naming those whose refusal the replay
+    does not justify (a check fails, the payload does not validate, or it cannot be read), and
+    passes listing the declined commits whose replay passes.
 - The run's parameters (quorum, challenge window, reward per version) are the chain's, which the
   contract enforces. Events come from one scan (`AuditSource.history`); a due commit is re-read from
   the contract's view, which is authoritative.
@@ -39,6 +40,7 @@ Design decisions:
 from __future__ import annotations
 
 from krill.audit.entries import _float
+from krill.audit.refusals import judge_refusal
 from krill.audit.report import AuditReport
 from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
 from krill.protocol.rewards import reward_split
@@ -157,12 +159,20 @@ def check_slashing(source: AuditSource, version: int) -> tuple[bool, str]:
             unslashed.append(commit_id)
     span = (f"their challenge windows closed in blocks {start}..{end - 1}, before version {version - 1} was "
             f"published")
-    if unslashed:
+    judged = {c: judge_refusal(source, c) for c in unslashed}
+    unjustified = [c for c in unslashed if not judged[c].justified]
+    refused = [c for c in unslashed if judged[c].justified]
+    because = "; ".join(f"commit {c}: {judged[c].detail}" for c in unjustified)
+    declined = (f"; {_n(len(refused), 'commit')} declined, which the audit's replay passes (the failing verdicts "
+                f"were false): {_listed([str(c) for c in refused], ', ')}") if refused else ""
+    if unjustified:
         return False, (f"{len(unslashed)} of {_n(len(due), 'commit')} that reached the quorum of {quorum} failing "
                        f"verdicts {'is' if len(unslashed) == 1 else 'are'} not slashed: commits "
-                       f"{_listed([str(c) for c in unslashed], ', ')} ({span}); a coordinator "
-                       "that declines a slash must justify it by replay: replay these commits to judge")
+                       f"{_listed([str(c) for c in unslashed], ', ')} ({span}), and the audit's replay does not "
+                       f"justify declining {_listed([str(c) for c in unjustified], ', ')}: {because}{declined}")
     if due:
-        return True, f"{_n(len(due), 'commit')} reached the quorum of {quorum} failing verdicts ({span}): all slashed"
+        slashed = f"{len(due) - len(refused)} slashed" if refused else "all slashed"
+        return True, (f"{_n(len(due), 'commit')} reached the quorum of {quorum} failing verdicts ({span}): "
+                      f"{slashed}{declined}")
     return True, (f"no commit reached the quorum of {quorum} failing verdicts with its window closing in blocks "
                   f"{start}..{end - 1}")

@@ -132,3 +132,28 @@ def test_only_verdicts_of_selected_verifiers_count_towards_trust(coordinator_env
     decision = decide(ctx, 1)
     # prior Beta(1, 3); one selected pass of the two: (1 + 1) / (1 + 1 + 3)
     assert decision is not None and {e["trust"] for e in decision.accepted} == {repr(2 / 5)}
+
+
+def test_the_audit_judges_a_declined_slash_by_the_coordinators_replay(coordinator_env):
+    """`krill audit` replays a commit left unslashed at quorum with the checks the coordinator ran: honest
+    work (the failing verdicts were false) justifies declining, a forgery does not, and a payload nobody
+    can read cannot be judged."""
+    from krill.audit.refusals import judge_refusal
+    from krill.audit.source import AuditSource
+
+    env = coordinator_env()
+    (honest, w_honest), (cheat, w_cheat) = env.stake(1), env.stake(2)
+    commits = {}
+    for name, account, who in (("honest", honest, w_honest), ("forged", cheat, w_cheat)):
+        header, files = env.produce(who, nonce=0, forge_rewards=name == "forged")
+        env.upload(header, files)
+        commits[name] = env.commit(account, header)
+    withheld, _ = env.produce(w_honest, nonce=1)
+    commits["withheld"] = env.commit(honest, withheld)  # never uploaded
+
+    source = AuditSource(env.chain, env.store, env.spec)
+    judged = {name: judge_refusal(source, commit) for name, commit in commits.items()}
+    assert judged["honest"].justified is True, judged["honest"]
+    assert "passes every check" in judged["honest"].detail
+    assert judged["forged"].justified is False and "the replay fails it at rewards:" in judged["forged"].detail
+    assert judged["withheld"].justified is None and "cannot replay it: not available" in judged["withheld"].detail

@@ -128,8 +128,39 @@ def test_a_commit_at_quorum_left_unslashed_fails_the_version_it_is_due_at(tmp_pa
     rows = {r.version: _row(r, "slashing") for r in reports}
     assert [v for v, row in rows.items() if not row.ok] == [4], rows  # v3's parent (v2, block 115) came too soon
     assert f"1 of 1 commit that reached the quorum of 2 failing verdicts is not slashed: commits {cheat} " in rows[4].detail
-    assert "replay these commits" in rows[4].detail
+    assert f"the audit's replay does not justify declining {cheat}: commit {cheat}: cannot replay it: not available" in rows[4].detail
 
     chain.slash(cheat)
     row = _row(audit_versions(world.source(), [4])[0], "slashing")
     assert row.ok and "1 commit reached the quorum of 2 failing verdicts" in row.detail and "all slashed" in row.detail
+
+
+def test_a_declined_slash_the_replay_justifies_passes_and_is_named(tmp_path, monkeypatch):
+    """The row's logic over `judge_refusal` (itself replayed for real in
+    tests/integration/coordinator/test_slash.py): a declined commit whose replay passes every check is
+    justified, one whose replay fails is not."""
+    from krill.audit import ledger
+    from krill.audit.refusals import Judgement
+
+    world = World(tmp_path)
+    chain = world.chain
+    chain.params = dataclasses.replace(chain.params, challenge_window_blocks=5, attestation_quorum=1)
+    world.publish(1, block=110)
+    lied_about, cheat = chain.commit(A, 1, 0, b"\1" * 32, block=111), chain.commit(B, 1, 0, b"\2" * 32, block=111)
+    for commit in (lied_about, cheat):
+        chain.attest(commit, False)
+    for version, block in ((2, 130), (3, 140)):
+        world.publish(version, block=block)
+    judgements = {lied_about: Judgement(True, "the replay passes every check (the failing verdicts were false)"),
+                  cheat: Judgement(False, "the replay fails it at rewards: 128 of 128 rewards differ")}
+    monkeypatch.setattr(ledger, "judge_refusal", lambda source, commit_id: judgements[commit_id])
+
+    row = _row(audit_versions(world.source(), [3])[0], "slashing")
+    assert not row.ok
+    assert f"does not justify declining {cheat}: commit {cheat}: the replay fails it at rewards" in row.detail
+    assert f"1 commit declined, which the audit's replay passes (the failing verdicts were false): {lied_about}" in row.detail
+
+    chain.slash(cheat)
+    row = _row(audit_versions(world.source(), [3])[0], "slashing")
+    assert row.ok, row.detail
+    assert "2 commits reached the quorum of 1 failing verdicts" in row.detail and ": 1 slashed; 1 commit declined" in row.detail
