@@ -15,7 +15,12 @@ Design decisions:
   (`krill calibrate`, `verifier.calibration`; default the table shipped with Krill): the spec is
   the public rule, and a verifier never fails honest work because its own hardware is noisier.
 - Whose fault: a worker payload that cannot be fetched raises `PayloadUnavailable` (the loop
-  retries, and attests "unavailable" only near the end of the window); a version, tokenizer or
+  retries, and attests "unavailable" only near the end of the window). Payload fetches run on a
+  `Fetcher`'s threads, one lane per worker, and a replay waits at most `PASS_WAIT_S` for one: on
+  a networked store a fetch of content nobody has waits out the store's timeout (60 s on Kubo),
+  and a drawn commit of junk used to hold the verifier that long on every retry until the last
+  quarter of the window, while the commits it should check waited; a fetch still running raises
+  `PayloadUnavailable` and is taken by a later retry; a version, tokenizer or
   shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
   never attested), whatever the reason: a store fault, or a manifest, record, shard or mask blob
   that fails to parse (`PayloadError`, `ModelError`). Such an error raised while a stage first
@@ -50,6 +55,7 @@ from krill.errors import (
 )
 from krill.payload.errors import DigestMismatchError, PayloadTooLargeError, SchemaError, ValueRangeError
 from krill.protocol.work import CheckOutcome
+from krill.store.fetcher import Fetcher
 from krill.verifier.evidence import CheckRecord, check_record
 from krill.verifier.select import gradient_shard
 from krill.verifier.state import Job
@@ -203,6 +209,7 @@ class Replayer:
         self.chain_id = chain_id
         self.contract = chain.address.lower()
         self.policies = Policies(chain, store, spec)
+        self._fetcher = Fetcher()  # payload fetches, one lane per worker (krill.store.fetcher)
 
     def warm_up(self) -> float:
         """Load the run's latest version, its model and engine, the tokenizer, the task and the masks
@@ -221,11 +228,20 @@ class Replayer:
 
     # ------------------------------------------------------------------ fetching
 
-    def _fetch(self, cid: str, cap: int, name: str) -> bytes:
+    def _fetch(self, job: Job, cid: str, cap: int, name: str) -> bytes:
+        """`cid`'s bytes, fetched on the fetch threads in the lane of `job`'s worker; PayloadUnavailable while
+        the fetch is still running after `PASS_WAIT_S` (the loop retries the commit later and takes it then)."""
+        from krill.store.fetcher import PASS_WAIT_S
         from krill.store.unixfs import ObjectTooLargeError
 
+        key, store = (job.commit_id, name, cid), self.store
+        if self._fetcher.submit(job.worker.lower(), key, lambda: store.get(cid, max_bytes=cap)):
+            self._fetcher.wait([key], PASS_WAIT_S)
+        fetched = self._fetcher.take(key)
+        if fetched is None:
+            raise PayloadUnavailable(f"{name} ({cid}): still being fetched")
         try:
-            return self.store.get(cid, max_bytes=cap)
+            return fetched.result()
         except ObjectTooLargeError:
             raise PayloadTooLargeError(f"content of {cid} is larger than the {cap} bytes allowed", field=name) from None
         except (ContentNotFoundError, StoreUnavailableError, IntegrityError) as exc:
@@ -259,7 +275,7 @@ class Replayer:
         header_bytes = None
         fetch_started = time.perf_counter()
         try:
-            header_bytes = self._fetch(digest_to_cid(job.header_digest), limits.max_header_bytes, "header")
+            header_bytes = self._fetch(job, digest_to_cid(job.header_digest), limits.max_header_bytes, "header")
         except PayloadTooLargeError as exc:
             run.failed_field = exc.field
             run.checks.append(check_record("signature", False, str(exc), {}, time.perf_counter() - fetch_started))
@@ -280,7 +296,7 @@ class Replayer:
 
         def payload() -> CheckOutcome:
             nonlocal contribution
-            contribution = self._payload(header, header_bytes, context, lengths)
+            contribution = self._payload(job, header, header_bytes, context, lengths)
             batch = contribution.rollouts
             return CheckOutcome("payload", True, f"{batch.n_sequences} sequences, {batch.n_tokens} tokens, "
                                 f"shards {sorted(contribution.gradients)}",
@@ -342,7 +358,7 @@ class Replayer:
 
         return noted
 
-    def _payload(self, header, header_bytes: bytes, context, lengths):
+    def _payload(self, job: Job, header, header_bytes: bytes, context, lengths):
         """Fetch the files the signed header names (its sizes are the caps), then validate everything."""
         from krill.payload.contribution import shard_of, validate_contribution
         from krill.payload.header import ROLLOUTS_FILE
@@ -362,7 +378,7 @@ class Replayer:
         files = {}
         for name, ref in header.files.items():
             try:
-                files[name] = self._fetch(ref.cid, caps[name], name)
+                files[name] = self._fetch(job, ref.cid, caps[name], name)
             except PayloadTooLargeError:
                 raise DigestMismatchError(f"more than the {ref.size} bytes the header states",
                                           field=f"{name}.size") from None

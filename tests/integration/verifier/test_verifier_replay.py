@@ -144,6 +144,43 @@ def test_withheld_payload_is_attested_unavailable_near_the_window_end(run_env, t
     assert [c.name for c in evidence.checks] == ["availability"]
 
 
+def test_a_payload_the_store_holds_does_not_hold_the_verifier(run_env, tmp_path):
+    """On a networked store a fetch of content nobody has waits out the store's timeout. A drawn commit of
+    junk holds one fetch thread (its worker's lane), and the verifier checks the commits after it
+    meanwhile instead of waiting for the store on every retry."""
+    import threading
+
+    from krill.errors import ContentNotFoundError
+    from krill.store.cid import digest_to_cid
+
+    env, lines = run_env, []
+    start = env.head()
+    junk_id, _ = env.produce(WORKER_A, tamper="withhold")
+    honest_id = env.produce(WORKER_B)[0]
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    junk_cid = digest_to_cid(env.at(VERIFIER).commit_of(junk_id).header_digest)
+    release, started, ended, store = threading.Event(), [], [], loop.replayer.store
+    get = store.get
+
+    def networked_get(cid, **kwargs):
+        if cid == junk_cid:
+            started.append(cid)
+            release.wait(8)  # the store looking for content nobody has, until its timeout
+            ended.append(cid)
+            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
+        return get(cid, **kwargs)
+
+    store.get = networked_get
+    try:
+        drive(env, loop, [honest_id])
+        assert verdict(env, loop, honest_id).ok
+        assert (started, ended) == ([junk_cid], [])  # checked while the junk fetch was still running
+        assert loop.state.decision(junk_id).status == PENDING
+        assert any("still being fetched" in line for line in lines), lines
+    finally:
+        release.set()
+
+
 def test_a_restart_after_an_unrecorded_attestation_does_not_attest_again(run_env, tmp_path):
     env, lines = run_env, []
     start = env.head()

@@ -17,6 +17,7 @@ from krill.errors import ContentNotFoundError, StoreError
 from krill.payload.header import HeaderBody
 from krill.payload.limits import PayloadLimits
 from krill.store.cid import digest_to_cid, file_cid
+from krill.store.fetcher import Fetcher
 from krill.verifier.attest import Who
 from krill.verifier.evidence import check_record
 from krill.verifier.loop import LoopSettings, VerifierLoop
@@ -221,6 +222,7 @@ def _replayer(header_bytes: bytes) -> Replayer:
     replayer.chain = SimpleNamespace(stake_of=lambda worker: SimpleNamespace(ed25519_public_key=bytes(KEY.verify_key)))
     replayer.store = SimpleNamespace(get=lambda cid, max_bytes=None: header_bytes)
     replayer.chain_id, replayer.contract, replayer.verifier_key = 31337, CONTRACT, b"\x07" * 32
+    replayer._fetcher = Fetcher()
 
     def grad_lengths(version):
         raise RunDataUnavailable("stop after the signature stage")
