@@ -185,21 +185,67 @@ def contribution_bytes(contribution) -> int:
     return len(header.encode()) + sum(ref.size for ref in header.files.values())
 
 
-def examine(ctx, commit: CommitView, next_version: int, now: float, wait_s: float = PASS_WAIT_S) -> Outcome:
-    """Decide one commit: accepted, rejected (with a code), or still pending. Its content is fetched on
-    the context's fetch threads; this waits at most `wait_s` for it (`ingest` submits every due
-    fetch first, waits once for those it queued, and passes 0)."""
-    from krill.store.unixfs import ObjectTooLargeError
+def examine(ctx, commit: CommitView, next_version: int, now: float) -> Outcome:
+    """Decide one commit: accepted, rejected (with a code), or still pending, waiting at most
+    `PASS_WAIT_S` for its content (`ingest` does the same for all of a pass's commits at once)."""
+    early = admit(ctx, commit, next_version, now)
+    if early is not None:
+        return early
+    if submit_fetch(ctx, commit):
+        with phase("fetch"):
+            ctx.fetcher.wait([commit.commit_id], PASS_WAIT_S)
+    return decide(ctx, commit, now)
 
+
+def admit(ctx, commit: CommitView, next_version: int, now: float) -> Outcome | None:
+    """What is decided before any fetch: a rejection the index's facts alone decide (`precheck`), or
+    pending while the content's back-off runs; None: fetch it."""
     early = precheck(ctx, commit, next_version)
     if early is not None:
         ctx.fetcher.take(commit.commit_id)  # a result fetched before the worker was jailed is not needed
         return early
     if not _fetch_due(ctx, commit, now):
         return Outcome(ContributionStatus.PENDING, reason="waiting for content (backing off)")
-    if submit_fetch(ctx, commit) and wait_s > 0:
-        with phase("fetch"):
-            ctx.fetcher.wait([commit.commit_id], wait_s)
+    return None
+
+
+def precheck(ctx, commit: CommitView, next_version: int) -> Outcome | None:
+    """The rejection the index's facts alone decide (jailed, no key, a reused nonce, too stale), else None."""
+    if commit.jailed:
+        return _reject(RejectionCode.JAILED, "the worker is jailed (a commit was slashed)")
+    if commit.worker_key is None:
+        return _reject(RejectionCode.UNKNOWN_KEY, "the worker had no staked Ed25519 key when it committed")
+    if commit.nonce_first_commit is not None and commit.nonce_first_commit != commit.commit_id:
+        return _reject(RejectionCode.WRONG_ASSIGNMENT,
+                       f"nonce {commit.nonce} was already committed by this worker in commit "
+                       f"{commit.nonce_first_commit}: the assignment it derives would repeat")
+    staleness = next_version - 1 - commit.version
+    if staleness > ctx.spec.staleness.max_staleness:
+        return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
+                                            f"{ctx.spec.staleness.max_staleness} for version {next_version}")
+    return None
+
+
+def submit_fetch(ctx, commit: CommitView) -> bool:
+    """Queue the fetch of `commit`'s content in its worker's lane; False when it is already queued,
+    running or fetched. The version's facts are read here, on the coordinator's thread; the fetch
+    touches only the store."""
+    if commit.commit_id in ctx.fetcher:
+        return False
+    expected, lengths = expected_context(ctx, commit)
+    store, limits = ctx.store, ctx.spec.limits
+
+    def job():
+        return (*fetch_content(store, limits, expected, lengths), expected, lengths)
+
+    return ctx.fetcher.submit(commit.worker, commit.commit_id, job)
+
+
+def decide(ctx, commit: CommitView, now: float) -> Outcome:
+    """Decide a commit `admit` let through from its fetch: pending while the fetch runs or the content is
+    missing (before the deadline), else accepted or rejected."""
+    from krill.store.unixfs import ObjectTooLargeError
+
     fetched = ctx.fetcher.take(commit.commit_id)
     if fetched is None:
         return Outcome(ContributionStatus.PENDING, reason="fetching content")
@@ -234,36 +280,6 @@ def examine(ctx, commit: CommitView, next_version: int, now: float, wait_s: floa
         return cheap
     return Outcome(ContributionStatus.ACCEPTED, contribution=contribution,
                    bytes_received=contribution_bytes(contribution))
-
-
-def precheck(ctx, commit: CommitView, next_version: int) -> Outcome | None:
-    """The rejection the index's facts alone decide (jailed, no key, a reused nonce, too stale), else None."""
-    if commit.jailed:
-        return _reject(RejectionCode.JAILED, "the worker is jailed (a commit was slashed)")
-    if commit.worker_key is None:
-        return _reject(RejectionCode.UNKNOWN_KEY, "the worker had no staked Ed25519 key when it committed")
-    if commit.nonce_first_commit is not None and commit.nonce_first_commit != commit.commit_id:
-        return _reject(RejectionCode.WRONG_ASSIGNMENT,
-                       f"nonce {commit.nonce} was already committed by this worker in commit "
-                       f"{commit.nonce_first_commit}: the assignment it derives would repeat")
-    staleness = next_version - 1 - commit.version
-    if staleness > ctx.spec.staleness.max_staleness:
-        return _reject(RejectionCode.STALE, f"staleness {staleness} exceeds S_max = "
-                                            f"{ctx.spec.staleness.max_staleness} for version {next_version}")
-    return None
-
-
-def submit_fetch(ctx, commit: CommitView) -> bool:
-    """Queue the fetch of `commit`'s content in its worker's lane; False when it is already queued,
-    running or fetched. The version's facts are read here, on the coordinator's thread; the fetch
-    touches only the store."""
-    expected, lengths = expected_context(ctx, commit)
-    store, limits = ctx.store, ctx.spec.limits
-
-    def job():
-        return (*fetch_content(store, limits, expected, lengths), expected, lengths)
-
-    return ctx.fetcher.submit(commit.worker, commit.commit_id, job)
 
 
 def cheap_replay(ctx, contribution) -> Outcome | None:
@@ -330,12 +346,12 @@ def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
     now = time.time() if now is None else now
     report = IngestReport()
     commits = undecided_commits(ctx)
-    queued = [c.commit_id for c in commits
-              if precheck(ctx, c, next_version) is None and _fetch_due(ctx, c, now) and submit_fetch(ctx, c)]
+    early = {c.commit_id: admit(ctx, c, next_version, now) for c in commits}
+    queued = [c.commit_id for c in commits if early[c.commit_id] is None and submit_fetch(ctx, c)]
     if queued:
         with phase("fetch"):
             ctx.fetcher.wait(queued, PASS_WAIT_S)
-    decided = [(commit, examine(ctx, commit, next_version, now, wait_s=0)) for commit in commits]
+    decided = [(c, early[c.commit_id] if early[c.commit_id] is not None else decide(ctx, c, now)) for c in commits]
     if not decided:
         return report
     written = []

@@ -9,9 +9,9 @@ Design decisions:
 - So fetches run on at most `threads` daemon threads. A pass submits what is due, waits at most
   `PASS_WAIT_S` for what it queued (a local store answers in milliseconds, so the pass still
   decides what it fetched), and leaves what is still running to a later pass, which takes it
-  without waiting for it again: a fetch the store holds costs one pass at most `PASS_WAIT_S`. Daemon threads: a stopping
-  coordinator does not wait for a fetch the store is holding. A thread idle for `IDLE_S` ends,
-  so an idle coordinator (or a test's context) keeps no threads.
+  without waiting for it again: a fetch the store holds costs one pass at most `PASS_WAIT_S`.
+  Daemon threads: a stopping coordinator does not wait for a fetch the store is holding. A
+  thread idle for `IDLE_S` ends, so an idle coordinator (or a test's context) keeps no threads.
 - One lane per worker: a worker has at most one fetch running and its other commits queue behind
   it; a free thread takes the next job of the lane served least recently (round robin). A worker
   whose content never arrives therefore holds one thread, and each further thread it wants to
@@ -76,6 +76,11 @@ class Fetcher:
                 threading.Thread(target=self._serve, name="krill-fetch", daemon=True).start()
             self._cond.notify_all()  # the condition is shared with `wait`: wake the idle threads among them
             return True
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether `key` is queued, running, or done and not yet taken."""
+        with self._cond:
+            return key in self._known
 
     def wait(self, keys: Iterable[Hashable], timeout_s: float) -> None:
         """Block until every one of `keys` submitted here is done, or `timeout_s` has passed."""
