@@ -20,7 +20,7 @@ Design decisions:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from krill.protocol.work import CheckOutcome
 from krill.rl.staleness import rollout_lag_problem
@@ -28,6 +28,16 @@ from krill.rl.staleness import rollout_lag_problem
 
 def arbitrate(spec, task, tokenizer, contribution, state_of: Callable) -> list[CheckOutcome]:
     """The outcomes of `contribution`'s checks in order, up to and including the first that fails."""
+    outcomes = []
+    for outcome in _checks(spec, task, tokenizer, contribution, state_of):
+        outcomes.append(outcome)
+        if not outcome.ok:
+            break
+    return outcomes
+
+
+def _checks(spec, task, tokenizer, contribution, state_of: Callable) -> Iterator[CheckOutcome]:
+    """Each check's outcome, cheapest first; a model is built only when the checks before it passed."""
     from krill.calibration.table import verifier_tolerances
     from krill.protocol.policy import build_model
     from krill.protocol.work import check_assignment, check_gradient, check_resample, check_rewards
@@ -35,28 +45,19 @@ def arbitrate(spec, task, tokenizer, contribution, state_of: Callable) -> list[C
 
     header, batch = contribution.header, contribution.rollouts
     lag = rollout_lag_problem(header.model_version, header.behaviour_version, spec.staleness.max_staleness)
-    outcomes = [CheckOutcome("rollout staleness", lag is None, lag or "within S_max")]
-    for check in (check_assignment, check_rewards):
-        if not outcomes[-1].ok:
-            return outcomes
-        outcomes.append(check(spec, task, tokenizer, header, batch))
-    if not outcomes[-1].ok:
-        return outcomes
+    yield CheckOutcome("rollout staleness", lag is None, lag or "within S_max")
+    yield check_assignment(spec, task, tokenizer, header, batch)
+    yield check_rewards(spec, task, tokenizer, header, batch)
     verify = verifier_tolerances(spec, None)
     behaviour = build_model(state_of(header.behaviour_version))
     engine = HFEngine(behaviour, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
                       version=header.behaviour_version)
-    outcomes.append(check_resample(spec, task, tokenizer, header, batch, engine, verify))
-    if not outcomes[-1].ok:
-        return outcomes
+    yield check_resample(spec, task, tokenizer, header, batch, engine, verify)
     learner_state = state_of(header.model_version)
     learner = behaviour if header.model_version == header.behaviour_version else build_model(learner_state)
     for shard, grad in sorted(contribution.gradients.items()):
-        outcomes.append(check_gradient(spec, header, batch, grad.values, shard, learner, learner_state,
-                                       tokenizer.pad_token_id, verify))
-        if not outcomes[-1].ok:
-            break
-    return outcomes
+        yield check_gradient(spec, header, batch, grad.values, shard, learner, learner_state, tokenizer.pad_token_id,
+                             verify)
 
 
 def verdict(outcomes: list[CheckOutcome]) -> tuple[bool, str]:
