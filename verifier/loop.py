@@ -130,7 +130,19 @@ class VerifierLoop:
         another verifier failed for corroboration (the module docstring); returns how many commits were new."""
         from krill.chain.events import Attested, Committed
 
+        cursor = self._stream.next_block
         events = self._stream.poll((Committed, Attested))
+        try:
+            return self._record_events(events)
+        except BaseException:
+            # The poll moved the stream's cursor past events not yet saved: read them again next pass.
+            self._stream.next_block = cursor
+            raise
+
+    def _record_events(self, events: list) -> int:
+        """Save one poll's events with the stream's cursor (`poll_events`); returns how many commits were new."""
+        from krill.chain.events import Attested, Committed
+
         jobs = [Job(e.commit_id, e.worker, e.version, e.nonce, e.header_digest, e.block_number)
                 for e in events if isinstance(e, Committed) and e.run_id == self.spec.run_id]
         me = self.who.address.lower()

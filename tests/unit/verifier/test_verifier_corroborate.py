@@ -279,6 +279,28 @@ def test_a_failed_poll_moves_no_cursor_and_loses_no_failing_verdict(verifier):
     assert verifier.state.decision(7).status == ATTESTED and verifier.state.cursor() == chain.head + 1
 
 
+def test_a_fault_after_the_poll_before_the_save_rewinds_the_stream_and_loses_no_event(verifier):
+    """The poll moved the stream's cursor; the head read for the window (or the save) then failed: the
+    next pass reads the same events again, so neither the failing verdict nor a new commit is lost."""
+    chain = verifier.chain
+    before = verifier.state.cursor()
+    chain.emit(committed(8), attested(False, digest=failing_evidence(verifier.store)))
+    head = chain.block_number
+
+    def unreachable():
+        raise ChainUnavailableError("eth_blockNumber: the chain RPC did not answer after 5 attempts")
+
+    chain.block_number = unreachable
+    with pytest.raises(ChainUnavailableError):
+        verifier.poll_events()  # `run` backs off and steps again
+    assert verifier._stream.next_block == before == verifier.state.cursor()
+    chain.block_number = head
+    chain.emit(committed(9))
+    assert verifier.poll_events() == 2  # commits 8 and 9
+    assert verifier.state.decision(7).corroborates == OTHER
+    assert verifier.state.cursor() == chain.head + 1
+
+
 def test_an_older_state_file_gains_the_new_columns(tmp_path):
     import sqlite3
 
