@@ -6,8 +6,9 @@ Design decisions:
   formatting difference between platforms can change a digest. Allowed values: objects with
   string keys, arrays, strings, integers within +-2**64, booleans and null.
 - Decoding is strict and bounded: input over the cap is refused before parsing, duplicate keys,
-  floats, NaN/Infinity and deep nesting are refused, and the input must re-encode to exactly the
-  same bytes (`NonCanonicalError` otherwise), so a signed header has exactly one digest.
+  floats, NaN/Infinity, deep nesting and strings UTF-8 cannot encode (a `\\ud800` escape decodes
+  to an unpaired surrogate) are refused, and the input must re-encode to exactly the same bytes
+  (`NonCanonicalError` otherwise), so a signed header has exactly one digest.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from krill.payload.errors import (
 
 MAX_DEPTH = 16
 INT_BOUND = 1 << 64
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _check(value: Any, path: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise SchemaError(f"nested deeper than {MAX_DEPTH} levels", field=path)
-    if value is None or isinstance(value, bool | str):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        _check_utf8(value, path)
         return
     if isinstance(value, int):
         if not -INT_BOUND < value < INT_BOUND:
@@ -47,9 +52,19 @@ def _check(value: Any, path: str, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise SchemaError(f"object key {key!r} is not a string", field=path)
+            _check_utf8(key, path)
             _check(item, f"{path}.{key}" if path else key, depth + 1)
         return
     raise SchemaError(f"{type(value).__name__} cannot be encoded", field=path)
+
+
+def _check_utf8(text: str, path: str) -> None:
+    """Refuse a string UTF-8 cannot encode: JSON's `\\ud800` escapes decode to unpaired surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SchemaError(f"string holds an unpaired UTF-16 surrogate (U+{ord(text[exc.start]):04X}), "
+                          "which is not valid UTF-8", field=path) from None
 
 
 def canonical_json(value: Any) -> bytes:
@@ -133,9 +148,16 @@ def loads_bounded(text: str | bytes, max_depth: int, field: str) -> Any:
         if isinstance(text, bytes | bytearray | memoryview):
             text = bytes(text).decode("utf-8", errors="strict")
         check_depth(text, max_depth, field)
-        return json.loads(text)
+        value = json.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedPayloadError(f"not valid JSON: {str(exc)[:120]}", field=field) from None
+    if _SURROGATE_ESCAPE.search(text):  # only then can a string be one UTF-8 cannot encode
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise MalformedPayloadError("a string holds an unpaired UTF-16 surrogate, which is not valid UTF-8",
+                                        field=field) from None
+    return value
 
 
 def parse_canonical(data: bytes, max_bytes: int, field: str = "json") -> Any:

@@ -145,3 +145,17 @@ def test_a_signed_header_has_one_digest(change):
     with pytest.raises((SchemaError, NonCanonicalError)) as info:
         decode_header(other, LIMITS)
     assert info.value.field in ("header", "header.protocol")
+
+
+@pytest.mark.parametrize(("data", "field"), [
+    pytest.param(b'{"protocol":1,"run_id":"\\ud800"}', "header.run_id", id="value"),
+    pytest.param(b'{"\\udfff":1}', "header", id="key"),
+])
+def test_an_unpaired_surrogate_escape_is_a_schema_error_not_a_crash(data, field):
+    """`\\ud800` parses to a str UTF-8 cannot encode: re-encoding it raised a bare UnicodeEncodeError,
+    which no role's payload-fault handler caught (the indexer, verifier and coordinator stopped on it)."""
+    with pytest.raises(SchemaError, match="unpaired UTF-16 surrogate") as info:
+        decode_header(data, LIMITS)
+    assert info.value.field == field
+    with pytest.raises(SchemaError, match="unpaired UTF-16 surrogate"):
+        canonical_json({"name": "\udc80"})

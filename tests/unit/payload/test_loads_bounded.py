@@ -52,3 +52,11 @@ def test_deep_safetensors_metadata_is_refused_in_masks_and_optimizer_states():
     blob = st_save({"w": torch.zeros(2)}, metadata={"krill-adamw": BOMB})
     with pytest.raises(OptimizerError, match="unreadable metadata"):
         ShardAdamW({"w": torch.zeros(2)}, AdamWConfig()).load_state_bytes(blob)
+
+
+def test_an_unpaired_surrogate_escape_is_refused_and_a_pair_is_not():
+    assert loads_bounded(b'{"a": "\\ud83d\\ude00"}', 3, "thing") == {"a": "\U0001F600"}
+    for bad in (b'{"a": "\\ud800"}', b'{"\\uDC00": 1}', b'["x", "\\udbff\\u0041"]'):
+        with pytest.raises(MalformedPayloadError, match="unpaired UTF-16 surrogate") as info:
+            loads_bounded(bad, 3, "thing")
+        assert info.value.field == "thing"
