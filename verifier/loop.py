@@ -22,7 +22,7 @@ Design decisions:
   out on the evidence upload, which it reports as `ContentNotFoundError`, or an HTTP 5xx) is
   retried for that commit with the same back-off while its window lasts, then recorded as
   missed with the fault as the reason. The replay's verdict is kept meanwhile, so a retry does
-  not replay again, and an attestation whose transaction landed after all is found on-chain by
+  not replay again (except a verdict of "unavailable": the payload may be there by the retry), and an attestation whose transaction landed after all is found on-chain by
   the check before attesting (or, the window closed meanwhile, by one before recording it as
   missed) and recorded as attested. Any other error while handling one commit is a bug, recorded
   as `error` for that commit, and the loop goes on; losing eligibility to attest stops the loop
@@ -261,7 +261,8 @@ class VerifierLoop:
             except RunDataUnavailable as exc:
                 self._retry_later(job, f"run data not available ({exc}); retrying")
                 return
-            self._verdicts[job.commit_id] = (randomness, result)
+            if result.reason != "unavailable":  # a payload missing now may be fetched on the retry after a fault
+                self._verdicts[job.commit_id] = (randomness, result)
             self._retry_at.pop(job.commit_id, None)  # replayed: the payload's back-off is over
         head = self.chain.block_number()
         if not select.can_still_attest(head, job.commit_block, self.window):

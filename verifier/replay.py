@@ -15,7 +15,9 @@ Design decisions:
   (`krill calibrate`, `verifier.calibration`; default the table shipped with Krill): the spec is
   the public rule, and a verifier never fails honest work because its own hardware is noisier.
 - Whose fault: a worker payload that cannot be fetched raises `PayloadUnavailable` (the loop
-  retries, and attests "unavailable" only near the end of the window). Payload fetches run on a
+  retries, and attests "unavailable" only near the end of the window): content the store does
+  not find, or blocks that do not hash to their CIDs or do not decode. This verifier's own store
+  being unreachable or failing (a 5xx) is never the worker's fault and propagates to the loop. Payload fetches run on a
   `Fetcher`'s threads, one lane per worker, and a replay waits at most `PASS_WAIT_S` for one: on
   a networked store a fetch of content nobody has waits out the store's timeout (60 s on Kubo),
   and a drawn commit of junk used to hold the verifier that long on every retry until the last
@@ -51,10 +53,10 @@ from krill.errors import (
     ModelError,
     PayloadError,
     StoreError,
-    StoreUnavailableError,
 )
 from krill.payload.errors import DigestMismatchError, PayloadTooLargeError, SchemaError, ValueRangeError
 from krill.protocol.work import CheckOutcome
+from krill.store.cid import InvalidCIDError
 from krill.store.fetcher import Fetcher
 from krill.verifier.evidence import CheckRecord, check_record
 from krill.verifier.select import gradient_shard
@@ -244,10 +246,10 @@ class Replayer:
             return fetched.result()
         except ObjectTooLargeError:
             raise PayloadTooLargeError(f"content of {cid} is larger than the {cap} bytes allowed", field=name) from None
-        except (ContentNotFoundError, StoreUnavailableError, IntegrityError) as exc:
+        except (ContentNotFoundError, IntegrityError, InvalidCIDError) as exc:
             raise PayloadUnavailable(f"{name} ({cid}): {exc}") from exc
-        except StoreError as exc:
-            raise PayloadUnavailable(f"{name} ({cid}): {type(exc).__name__}: {exc}") from exc
+        # Anything else (this verifier's own store unreachable, or failing with a 5xx) propagates: the
+        # loop backs off or retries, and never charges its own store's outage to the worker.
 
     # ------------------------------------------------------------------ the replay
 

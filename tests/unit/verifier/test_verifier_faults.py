@@ -13,7 +13,7 @@ from nacl.signing import SigningKey
 from web3.exceptions import TimeExhausted
 
 import krill.verifier.loop as loop_module
-from krill.errors import ContentNotFoundError, StoreError
+from krill.errors import ContentNotFoundError, StoreError, StoreUnavailableError
 from krill.payload.header import HeaderBody
 from krill.payload.limits import PayloadLimits
 from krill.store.cid import digest_to_cid, file_cid
@@ -249,3 +249,93 @@ def test_a_header_naming_another_nonce_than_its_commit_fails_the_worker_at_the_s
     result = replayer.replay(job, b"\x09" * 32)
     assert (result.ok, result.reason, result.failed_field) == (False, "signature", "header.nonce")
     assert "expected 5" in result.checks[-1].detail
+
+
+def _honest_header() -> bytes:
+    body = HeaderBody(run_id=RUN.hex(), chain_id=31337, contract=CONTRACT, worker=WORKER,
+                      ed25519_key=bytes(KEY.verify_key).hex(), model_version=3, behaviour_version=3,
+                      manifest_cid=file_cid(b"manifest v3"), task="arith", prompt_seed=1, nonce=0,
+                      sampling={"temperature_milli": 1000, "top_p_milli": 1000, "top_k": 0, "max_new_tokens": 5,
+                                "seed": 42}, files={})
+    return body.sign(KEY).encode()
+
+
+class FlakyStore:
+    """This verifier's own store: `fault` is raised by every read and write while set; the worker's
+    header is there all along."""
+
+    def __init__(self, header: bytes):
+        self.header, self.fault, self.gets, self.blocks = header, None, 0, {}
+
+    def get(self, cid, max_bytes=None):
+        self.gets += 1
+        if self.fault is not None:
+            raise self.fault
+        return self.header
+
+    def put_block(self, data, pin=False):
+        if self.fault is not None:
+            raise self.fault
+        cid = digest_to_cid(hashlib.sha256(data).digest())
+        self.blocks[cid] = data
+        return cid
+
+
+@pytest.mark.parametrize("fault", [
+    pytest.param(StoreUnavailableError("cannot reach Kubo at http://127.0.0.1:5001 (connection refused)"),
+                 id="store-unreachable"),
+    pytest.param(StoreError("Kubo block/get failed with HTTP 500: internal error"), id="kubo-5xx"),
+])
+def test_the_verifiers_own_store_failing_late_in_the_window_is_never_the_workers_fault(tmp_path, monkeypatch, fault):
+    """Its own store down in the last quarter of the window used to become an 'unavailable' FAIL of the
+    honest worker, kept across the evidence upload's failure and attested once the store came back."""
+    header = _honest_header()
+    store = FlakyStore(header)
+    replayer = _replayer(header)
+    replayer.store = store
+    monkeypatch.setattr(loop_module, "Replayer", lambda *args: replayer)
+    state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
+    state.add_jobs([Job(7, WORKER, 3, 0, hashlib.sha256(header).digest(), COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
+    spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
+                                                             check_probability_ppm=1_000_000))
+    chain = FakeChain()
+    chain.head = COMMIT_BLOCK + WINDOW - 5  # past `unavailable_after`: a missing payload would now be attested
+    loop = VerifierLoop(chain, store, spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
+                        LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    store.fault = fault
+    for _ in range(3):
+        try:
+            loop.step()
+        except StoreUnavailableError:
+            pass  # `run` backs off and steps again
+    assert chain.sent == 0 and state.decision(7).status == PENDING
+    store.fault = None
+    loop.step()  # the worker's header is fetched now; the fake run data stops the replay after the signature
+    assert chain.sent == 0 and state.decision(7).status == PENDING and store.gets >= 4
+
+
+def test_an_unavailable_verdict_is_not_kept_across_a_fault_while_attesting(tmp_path, monkeypatch):
+    """The payload was missing late in the window, then the evidence upload failed: the retry fetches again
+    instead of attesting the kept 'unavailable' verdict against a payload that is there by then."""
+    header = _honest_header()
+    store = FlakyStore(header)
+    replayer = _replayer(header)
+    replayer.store = store
+    monkeypatch.setattr(loop_module, "Replayer", lambda *args: replayer)
+    state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
+    state.add_jobs([Job(7, WORKER, 3, 0, hashlib.sha256(header).digest(), COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
+    spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
+                                                             check_probability_ppm=1_000_000))
+    chain = FakeChain()
+    chain.head = COMMIT_BLOCK + WINDOW - 5
+    loop = VerifierLoop(chain, store, spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
+                        LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    missing = ContentNotFoundError("Kubo at http://127.0.0.1:5001 did not answer block/get within 60.0s")
+    store.get = lambda cid, max_bytes=None: (_ for _ in ()).throw(missing)
+    store.fault = StoreError("Kubo block/put failed with HTTP 502: bad gateway")  # the evidence upload
+    loop.step()
+    assert chain.sent == 0 and state.decision(7).status == PENDING
+    del store.get  # the payload is there now, and the store answers again
+    store.fault = None
+    loop.step()
+    assert chain.sent == 0 and state.decision(7).status == PENDING  # replayed, not the kept FAIL attested
