@@ -38,8 +38,10 @@ Design decisions:
   replayed again, one still pending is not added twice, and a commit that is both drawn and
   failed by another is recorded as `selected`. A corroborating replay recomputes the gradient
   shard the failing evidence names (a forgery of one shard out of two is otherwise confirmed half
-  of the time), and its own draw's when that evidence cannot be read or names none; the shard it
-  recomputed is in its own evidence. The failing verdict itself is never trusted: the verdict is
+  of the time), and always its own draw's too (first the named one, stopping at a failure): the
+  named shard never replaces the draw, or a verifier colluding with the worker could steer every
+  check to the honest shard by failing the commit first; the shards it recomputed are in its own
+  evidence. The failing verdict itself is never trusted: the verdict is
   this verifier's replay. The price: anyone staked as a verifier can make every verifier replay a
   commit for the gas of one failing attestation (once per commit: the mark is set once), and the
   passing verdicts that provoke stand on-chain against its false one.

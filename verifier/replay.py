@@ -8,8 +8,8 @@ Design decisions:
   (prompts, seeds, sampling parameters, behaviour staleness); `rewards`; `resample` (the claimed
   tokens confirmed as the committed seed's draws at the behaviour version in one teacher-forced
   pass, else exact re-sampling decides); `gradient` (one shard, drawn by
-  `select.gradient_shard`, or the one the failing verdict that a corroborating replay checks
-  names). The protocol core (`krill.protocol.work`) owns the comparisons, so the worker and the
+  `select.gradient_shard`; when a failing verdict being corroborated names another, that one
+  first and then the drawn one, never the named one instead). The protocol core (`krill.protocol.work`) owns the comparisons, so the worker and the
   verifier cannot drift apart.
 - Tolerances: per field the looser of the run spec's and this verifier's calibration table's
   (`krill calibrate`, `verifier.calibration`; default the table shipped with Krill): the spec is
@@ -256,8 +256,8 @@ class Replayer:
     def replay(self, job: Job, randomness: bytes, shard: int | None = None) -> ReplayResult:
         """Every check on `job`, cheapest first; raises PayloadUnavailable / RunDataUnavailable to retry.
 
-        `shard`: recompute this gradient shard (the one a failing verdict being corroborated names) instead
-        of the drawn one, if the contribution carries it."""
+        `shard`: recompute this gradient shard too (the one a failing verdict being corroborated names), before
+        the drawn one, if the contribution carries it; the result names the last shard recomputed."""
         from krill.payload.contribution import ExpectedContext
         from krill.protocol.work import run_codec
         from krill.store.cid import digest_to_cid
@@ -332,19 +332,24 @@ class Replayer:
         for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", self._loads_noted(resample))):
             if not run.stage(name, fn):
                 return self._result(run, behaviour, None)
-        if shard not in contribution.gradients:
-            shard = gradient_shard(randomness, job.commit_id, self.verifier_key, sorted(contribution.gradients))
+        drawn = gradient_shard(randomness, job.commit_id, self.verifier_key, sorted(contribution.gradients))
+        # The named shard first (a failing verdict being corroborated names it), then always this verifier's
+        # own draw: a named shard never replaces the draw, or a verifier colluding with the worker could
+        # steer every check to the honest shard by failing the commit first, naming that shard.
+        shards = list(dict.fromkeys(s for s in (shard, drawn) if s in contribution.gradients)) or [None]
 
-        def gradient() -> CheckOutcome:
+        def gradient(checked: int | None) -> CheckOutcome:
             from krill.protocol.work import check_gradient
 
-            if shard is None:
+            if checked is None:
                 return CheckOutcome("gradient", True, "the contribution carries no gradient shard", {})
-            return check_gradient(spec, header, batch, contribution.gradients[shard].values, shard,
+            return check_gradient(spec, header, batch, contribution.gradients[checked].values, checked,
                                   self.policies.model(job.version), learner_state, tok.pad_token_id, self.verify)
 
-        run.stage("gradient", self._loads_noted(gradient))
-        return self._result(run, behaviour, shard)
+        for checked in shards:
+            if not run.stage("gradient", self._loads_noted(lambda s=checked: gradient(s))):
+                break
+        return self._result(run, behaviour, checked)
 
     def _loads_noted(self, check: Callable[[], CheckOutcome]) -> Callable[[], CheckOutcome]:
         """`check`, with the milliseconds it spent loading a version's model (once per version) in its

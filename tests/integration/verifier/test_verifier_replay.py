@@ -233,3 +233,31 @@ def test_an_unreachable_chain_is_retried_with_capped_backoff(run_env, tmp_path):
     loop.run(should_stop=lambda: len(lines) >= 5)
     assert all(line.startswith("unreachable (ChainUnavailableError") for line in lines), lines
     assert [line.rsplit("retrying in ", 1)[1] for line in lines] == ["0.05s", "0.10s", "0.20s", "0.20s", "0.20s"]
+
+
+def test_a_named_shard_never_replaces_the_drawn_one(run_env, tmp_path):
+    """A verifier colluding with the worker fails the commit first, naming the honest shard: the replay still
+    recomputes this verifier's drawn shard, the forged one, after the named one."""
+    from krill.verifier import select
+
+    env, lines = run_env, []
+    start, admin, key = env.head(), env.at(VERIFIER), bytes(env.keys[VERIFIER].verify_key)
+    for _ in range(30):  # the draw picks shard 0 with probability 1/2 a try
+        commit_id, header = env.produce(WORKER_B, tamper="gradient-shard-0")
+        env.mine(1)
+        randomness = admin.block_hash(admin.commit_of(commit_id).commit_block + 1)
+        if select.gradient_shard(randomness, commit_id, key, [0, 1]) == 0:
+            break
+    else:
+        raise AssertionError("the draw never picked shard 0 in 30 tries")
+    loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
+    loop.poll_events()
+    job = next(j for j in loop.state.pending() if j.commit_id == commit_id)
+    steered = loop.replayer.replay(job, randomness, shard=1)
+    gradients = [(c.ok, c.figures["shard"]) for c in steered.checks if c.name == "gradient"]
+    assert gradients == [(True, 1), (False, 0)]  # the named honest shard passes, the drawn forged one fails
+    assert (steered.ok, steered.reason, steered.gradient_shard) == (False, "gradient", 0)
+    named_is_drawn = loop.replayer.replay(job, randomness, shard=0)
+    assert [c.figures["shard"] for c in named_is_drawn.checks if c.name == "gradient"] == [0]
+    assert not named_is_drawn.ok
+    loop.state.close()

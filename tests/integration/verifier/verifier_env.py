@@ -116,10 +116,12 @@ class RunEnv:
         if tamper == "rewards":
             sampled.rewards = 1.0 - sampled.rewards
         learned = learn(spec, engine.model, base, sampled, [0, 1], tok.pad_token_id)
-        if tamper == "gradient":
+        if tamper is not None and tamper.startswith("gradient"):  # "gradient": every shard; "gradient-shard-S": S
             rng = np.random.default_rng(nonce)
+            forged = None if tamper == "gradient" else int(tamper.rsplit("-", 1)[1])
             learned.values = {s: {n: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.05)
-                                  for n, v in values.items()} for s, values in learned.values.items()}
+                                  if forged in (None, s) else v for n, v in values.items()}
+                              for s, values in learned.values.items()}
         header, files = package(spec, task, who, base, sampled, learned)
         if tamper != "withhold":
             for data in files.values():
