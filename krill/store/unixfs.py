@@ -12,6 +12,12 @@ Design decisions:
   on every byte. The decoder is strict and bounded: it reads untrusted blocks from the network.
 - `iter_file` walks a DAG through a block getter, checks every block against its CID, checks the
   UnixFS sizes for consistency and refuses files larger than `max_bytes` before fetching them.
+  The walk is bounded by the root's size, not only its depth: a node may link one child many
+  times, so a few KiB of hostile blocks (thousands of links to a child that links thousands more)
+  used to make a read visit N**depth blocks, hours of CPU with every block genuine. A file of S
+  bytes may have at most `blocks_allowed(S)` blocks below its root (twice the 256 KiB layout's
+  leaves, plus one per level), and a link to a part of 0 bytes is refused: Krill reads the layout
+  Kubo and Krill write, not files of much smaller chunks.
 """
 
 from __future__ import annotations
@@ -323,9 +329,29 @@ def build_file_dag(data: bytes | BinaryIO, cid_version: int = 1) -> Iterator[tup
 # ---------------------------------------------------------------- reading
 
 
+def blocks_allowed(size: int) -> int:
+    """Most blocks below the root `iter_file` visits for a file of `size` bytes: twice the leaves of the
+    256 KiB layout, plus one per level. Kubo's layout needs the leaves plus one node per 174 of them."""
+    return 2 * max(1, -(-size // CHUNK_SIZE)) + MAX_DEPTH
+
+
+class _Budget:
+    """Blocks a walk may still visit below its root (`blocks_allowed` of the root's size)."""
+
+    def __init__(self):
+        self.left: int | None = None
+
+    def spend(self, cid: str) -> None:
+        if self.left is not None:
+            if self.left <= 0:
+                raise MalformedBlockError(f"the DAG has more blocks than a file of its size needs (at {cid}): "
+                                          "not the 256 KiB layout")
+            self.left -= 1
+
+
 def iter_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> Iterator[bytes]:
     """Yield the content of the file `cid` in order, verifying every block and every size."""
-    yield from _walk(get_block, normalize_cid(cid), max_bytes, expected_size=None, depth=0)
+    yield from _walk(get_block, normalize_cid(cid), max_bytes, expected_size=None, depth=0, budget=_Budget())
 
 
 def read_file(get_block: Callable[[str], bytes], cid: str, max_bytes: int) -> bytes:
@@ -347,9 +373,12 @@ def _fetch(get_block: Callable[[str], bytes], cid: str, limit: int) -> bytes:
     return block
 
 
-def _walk(get_block, cid: str, max_bytes: int, expected_size: int | None, depth: int) -> Iterator[bytes]:
+def _walk(get_block, cid: str, max_bytes: int, expected_size: int | None, depth: int,
+          budget: _Budget) -> Iterator[bytes]:
     if depth > MAX_DEPTH:
         raise MalformedBlockError(f"DAG under {cid} is deeper than {MAX_DEPTH} levels")
+    if depth:
+        budget.spend(cid)
     if cid_parts(cid)[0] == RAW:
         block = _fetch(get_block, cid, min(max_bytes, MAX_BLOCK_SIZE * 2))
         if expected_size is not None and len(block) != expected_size:
@@ -372,7 +401,11 @@ def _walk(get_block, cid: str, max_bytes: int, expected_size: int | None, depth:
         raise MalformedBlockError(f"node {cid} holds {total} bytes, its parent says {expected_size}")
     if total > max_bytes:
         raise ObjectTooLargeError(f"object {cid} is {total} bytes, over the limit of {max_bytes}")
+    if 0 in node.blocksizes:
+        raise MalformedBlockError(f"node {cid} links a part of 0 bytes (Kubo never writes one)")
+    if depth == 0:
+        budget.left = blocks_allowed(total)
     if node.data:
         yield node.data
     for link, size in zip(links, node.blocksizes, strict=True):
-        yield from _walk(get_block, link.cid, max_bytes, size, depth + 1)
+        yield from _walk(get_block, link.cid, max_bytes, size, depth + 1, budget)
