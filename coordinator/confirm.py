@@ -13,8 +13,14 @@ Design decisions:
   checks that passed, never retried, and its failing verdicts do not count against the worker's
   trust (`krill.coordinator.standing`). The commit ids stay public (fail count at quorum, not
   slashed), and `krill audit` replays them with the same arbiter to judge the refusal.
-- Content the coordinator cannot fetch is the worker's fault only once ingest rejected it as
-  unavailable (after the run's deadline); before that the decision waits for the next pass.
+- Content the coordinator cannot fetch is the worker's fault once the commit is older than the
+  run's deadline (`spec.version.deadline_s`, by its block's time), as at ingest, or once ingest
+  rejected it as unavailable; before that the decision waits for a later pass. The age is the
+  commit's own, not ingest's reason: ingest rejects most commits of missing content as stale or
+  jailed before their deadline, and those were never slashed, and replayed on every pass.
+- The content is fetched on the fetch threads (`ctx.fetcher`, the worker's lane), and a pass waits
+  at most `PASS_WAIT_S` for it: on a networked store a fetch of content nobody has waits out the
+  store's timeout (60 s on Kubo), and N such commits at quorum held every pass N x 60 s.
 - A replay is a teacher-forced pass, a re-sample and one gradient pass per shard: a few hundred
   milliseconds on the default model, paid once per commit at quorum (rare: the first slash
   jails the worker, and a jailed worker's later commits are rejected unchecked).
@@ -53,25 +59,45 @@ class Confirmation:
     detail: str
 
 
-def confirm_failure(ctx, commit_id: int) -> Confirmation:
+def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
     """Replay `commit_id`'s checks; confirmed when one fails."""
-    from krill.coordinator.ingest import CommitView, fetch_and_validate
+    from krill.coordinator.ingest import CommitView, expected_context, fetch_content, validated
+    from krill.db.models import ChainEventRow
+    from krill.store.fetcher import PASS_WAIT_S
 
     with ctx.db.session() as s:
         c = s.get(Commit, commit_id)
         row = s.get(Contribution, commit_id)
+        block_time = s.scalar(select(ChainEventRow.block_time).where(
+            ChainEventRow.kind == "Committed", ChainEventRow.commit_id == commit_id))
     if c is None:
         return Confirmation(None, "not in the index yet")
     if c.worker_key is None:
         return Confirmation(True, "the worker had no staked Ed25519 key when it committed")
-    view = CommitView(commit_id, c.worker, int(c.version), c.header_digest, c.worker_key, None, False, int(c.nonce))
+    if row is not None and row.reason_code == RejectionCode.UNAVAILABLE:
+        return Confirmation(True, f"content unavailable after the deadline: {row.reason}")
+    view = CommitView(commit_id, c.worker, int(c.version), c.header_digest, c.worker_key, block_time, False,
+                      int(c.nonce))
+    key = ("confirm", commit_id)
+    if key not in ctx.fetcher:
+        expected, lengths = expected_context(ctx, view)
+        store, limits = ctx.store, ctx.spec.limits
+        ctx.fetcher.submit(view.worker, key, lambda: (*fetch_content(store, limits, expected, lengths), expected,
+                                                      lengths))
+        ctx.fetcher.wait([key], PASS_WAIT_S)
+    fetched = ctx.fetcher.take(key)
+    if fetched is None:
+        return Confirmation(None, "content still being fetched; deciding on a later pass")
     try:
-        contribution = fetch_and_validate(ctx, view)
+        header_bytes, files, expected, lengths = fetched.result()
+        contribution = validated(ctx, header_bytes, files, expected, lengths)
     except PayloadError as exc:
         return Confirmation(True, f"payload: {type(exc).__name__}: {exc}")
     except (ContentNotFoundError, IntegrityError) as exc:
-        if row is not None and row.reason_code == RejectionCode.UNAVAILABLE:
-            return Confirmation(True, f"content unavailable after the deadline: {row.reason}")
+        waited = None if block_time is None else now - block_time
+        if waited is not None and waited > ctx.spec.version.deadline_s:
+            return Confirmation(True, f"content still missing {waited:.0f} s after the commit (deadline "
+                                      f"{ctx.spec.version.deadline_s:g} s): {type(exc).__name__}: {exc}")
         return Confirmation(None, f"content not fetched yet ({type(exc).__name__}); deciding on a later pass")
     failed, detail = verdict(arbitrate(ctx.spec, ctx.task, ctx.tokenizer, contribution, ctx.state))
     return Confirmation(failed, detail)

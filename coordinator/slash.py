@@ -10,7 +10,7 @@ Design decisions:
 - A quorum is not proof: before the transaction the coordinator replays the commit
   (`krill.coordinator.confirm`) and slashes only what its own replay fails. A refuted quorum is
   recorded and reported, never slashed, and never replayed again; one the replay cannot decide
-  yet (content not fetched) waits for a later pass.
+  yet (content still being fetched, or missing before the run's deadline) waits for a later pass.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def slash_due(ctx, now: float | None = None) -> list[SlashOutcome]:
         info = ctx.chain.commit_of(commit_id)
         if info.slashed or info.fail_count < quorum:
             continue
-        confirmation = confirm_failure(ctx, commit_id)
+        confirmation = confirm_failure(ctx, commit_id, now)
         if confirmation.confirmed is None:
             continue  # the replay cannot decide yet: a later pass will
         if not confirmation.confirmed:

@@ -90,6 +90,45 @@ def test_a_failing_quorum_the_coordinators_replay_refutes_is_not_slashed(coordin
     assert not any(f"commit {commit}" in line for line in lines), lines
 
 
+def test_content_never_uploaded_is_slashed_after_the_deadline_though_ingest_found_it_stale(coordinator_env):
+    """Ingest rejects a commit whose content never came as stale long before its deadline (max staleness
+    0 here): the failing quorum on it was never slashed, and its content was fetched again on the
+    coordinator's thread on every pass. The decision is the commit's own age against the deadline."""
+    import time
+
+    from krill.coordinator.loop import Coordinator, LoopOptions
+    from krill.coordinator.slash import slash_due
+
+    env = coordinator_env()
+    (a1, w1), (a2, w2), (a3, w3) = env.stake(1), env.stake(2), env.stake(3)
+    verifier, _ = env.stake(10)
+    for account, who in ((a1, w1), (a2, w2)):
+        header, files = env.produce(who, nonce=0)
+        env.upload(header, files)
+        env.commit(account, header)
+    junk, _ = env.produce(w3, nonce=0)
+    junk_id = env.commit(a3, junk)  # header and files never uploaded
+
+    ctx, indexer = env.context()
+    lines: list[str] = []
+    coordinator = Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lines.append)
+    assert [f.version for f in coordinator.step()] == [1]
+    coordinator.step()
+    with ctx.db.session() as s:
+        row = s.get(Contribution, junk_id)
+    assert (row.status, row.reason_code) == (ContributionStatus.REJECTED, RejectionCode.STALE)
+    env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
+    indexer.sync()
+    assert slash_due(ctx) == []  # missing, but not yet for the run's deadline (600 s): wait
+    assert not env.chain.commit_of(junk_id).slashed
+    later = time.time() + ctx.spec.version.deadline_s + 1
+    deadline = time.monotonic() + 30
+    while not (outcomes := slash_due(ctx, now=later)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the confirming fetch runs on the fetch threads; a pass waits 2 s at most
+    assert [(o.commit_id, o.amount is not None) for o in outcomes] == [(junk_id, True)], outcomes
+    assert env.chain.commit_of(junk_id).slashed and env.chain.stake_of(a3.address).jailed
+
+
 def test_only_verdicts_of_selected_verifiers_count_towards_trust(coordinator_env):
     """Anyone staked may attest, so a worker's own verifiers could pass its commits; only the verdict of a
     verifier the commit's sealed randomness selected moves trust."""
