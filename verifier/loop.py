@@ -56,6 +56,7 @@ from pathlib import Path
 
 from krill.chain import errors as E
 from krill.errors import ChainUnavailableError, StoreError, StoreUnavailableError
+from krill.store.fetcher import Fetcher
 from krill.verifier import select
 from krill.verifier.attest import Who, attest
 from krill.verifier.replay import (
@@ -78,6 +79,7 @@ from krill.verifier.state import (
 )
 
 UNREACHABLE = (ChainUnavailableError, StoreUnavailableError, OSError)
+EVIDENCE_FETCHING = object()  # `_named_shard`: the failing evidence is still being fetched
 
 
 def transient_faults() -> tuple[type[BaseException], ...]:
@@ -119,6 +121,7 @@ class VerifierLoop:
         self._verdicts: dict[int, tuple[bytes, ReplayResult]] = {}  # commit id -> (randomness, its replay)
         self._origins: dict[int, str] = {}  # commit id -> why it is replayed (`selected` / `corroborating`)
         self._named_shards: dict[int, int | None] = {}  # commit id -> the shard the failing evidence names
+        self._evidence = Fetcher(threads=2)  # failing evidence documents, one lane per verifier that attested
         cursor = state.cursor()
         if cursor is None:
             created = chain.run_of(spec.run_id).created_block
@@ -252,8 +255,12 @@ class VerifierLoop:
         if kept is not None and kept[0] == randomness:  # replayed before a passing fault stopped its attestation
             result = kept[1]
         else:
+            named = self._named_shard(job)
+            if named is EVIDENCE_FETCHING:
+                self._retry_later(job, "the failing evidence it corroborates is still being fetched")
+                return
             try:
-                result = self.replayer.replay(job, randomness, shard=self._named_shard(job))
+                result = self.replayer.replay(job, randomness, shard=named)
             except PayloadUnavailable as exc:
                 head = self.chain.block_number()
                 if head < select.unavailable_after(job.commit_block, self.window):
@@ -288,26 +295,44 @@ class VerifierLoop:
             self.attested += 1
         self.echo(_line(job, result, time.perf_counter() - started, tail))
 
-    def _named_shard(self, job: Job) -> int | None:
+    def _named_shard(self, job: Job) -> int | None | object:
         """The gradient shard the failing evidence `job` corroborates names (None: not corroborating, or
-        the document cannot be read or names none, and the replay recomputes its own draw's shard)."""
+        the document cannot be read or names none, and the replay recomputes only its own draw's shard);
+        `EVIDENCE_FETCHING` while the document is still being fetched and the window leaves time to wait.
+
+        The document is fetched on the loop's own fetch threads, in the lane of the verifier that attested
+        it, and a pass waits at most `PASS_WAIT_S`: a failing verdict whose evidence nobody has costs
+        the store's timeout (60 s on Kubo), and it used to hold the loop that long on every retry."""
         if job.failing_evidence is None:
             return None
-        if job.commit_id not in self._named_shards:
-            from krill.store.cid import digest_to_cid
-            from krill.verifier.evidence import load_evidence
+        if job.commit_id in self._named_shards:
+            return self._named_shards[job.commit_id]
+        from krill.store.cid import digest_to_cid
+        from krill.store.fetcher import PASS_WAIT_S
+        from krill.verifier.evidence import load_evidence
 
+        cid, store, key = digest_to_cid(job.failing_evidence), self.store, job.commit_id
+        if self._evidence.submit((job.corroborates or "").lower(), key, lambda: load_evidence(store, cid)):
+            self._evidence.wait([key], PASS_WAIT_S)
+        fetched = self._evidence.take(key)
+        if fetched is None:
+            if self.chain.block_number() < select.unavailable_after(job.commit_block, self.window):
+                return EVIDENCE_FETCHING
+            why = "still being fetched late in the window"
+            evidence = None
+        else:
             try:
-                evidence = load_evidence(self.store, digest_to_cid(job.failing_evidence))
-            except (StoreError, ValueError) as exc:  # unreachable or missing (asked again next try), or no evidence
-                self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} cannot "
-                          f"be read ({type(exc).__name__}: {str(exc)[:160]}); recomputing this verifier's own shard")
-                if isinstance(exc, StoreError):
-                    return None
-                evidence = None
-            same = evidence is not None and (evidence.commit_id, evidence.header_digest) == (job.commit_id,
-                                                                                            job.header_digest.hex())
-            self._named_shards[job.commit_id] = evidence.gradient_shard if same else None
+                evidence, why = fetched.result(), ""
+            except StoreUnavailableError:
+                raise  # this verifier's own store: the loop backs off, and the document is fetched again
+            except (StoreError, ValueError) as exc:  # missing, or not an evidence document
+                evidence, why = None, f"cannot be read ({type(exc).__name__}: {str(exc)[:160]})"
+        if why:
+            self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} {why}; "
+                      "recomputing only this verifier's own shard")
+        same = evidence is not None and (evidence.commit_id, evidence.header_digest) == (job.commit_id,
+                                                                                        job.header_digest.hex())
+        self._named_shards[job.commit_id] = evidence.gradient_shard if same else None
         return self._named_shards[job.commit_id]
 
     def _devnet_randomness(self, job: Job) -> bytes | None:

@@ -301,6 +301,35 @@ def test_a_fault_after_the_poll_before_the_save_rewinds_the_stream_and_loses_no_
     assert verifier.state.cursor() == chain.head + 1
 
 
+def test_failing_evidence_slow_to_fetch_does_not_hold_the_loop(verifier):
+    """A failing verdict whose evidence nobody serves cost the store's timeout (60 s on Kubo) on the loop's
+    thread on every retry. Now a pass waits 2 s at most and retries the commit; once the document comes,
+    its shard is recomputed."""
+    import threading
+    import time
+
+    chain, store = verifier.chain, verifier.store
+    digest = failing_evidence(store, shard=1)
+    served, real_get = threading.Event(), store.get
+
+    def slow_get(cid, max_bytes=None):
+        served.wait(30)
+        return real_get(cid, max_bytes)
+
+    store.get = slow_get
+    chain.emit(attested(False, digest=digest))
+    started = time.monotonic()
+    assert verifier.step() == 0
+    assert time.monotonic() - started < 10
+    assert verifier.state.decision(7).status != ATTESTED and FakeReplayer.shards == []
+    assert any("still being fetched" in line for line in verifier.lines), verifier.lines
+    served.set()
+    deadline = time.monotonic() + 10
+    while verifier.state.decision(7).status != ATTESTED and time.monotonic() < deadline:
+        verifier.step()
+    assert verifier.state.decision(7).status == ATTESTED and FakeReplayer.shards == [1]
+
+
 def test_an_older_state_file_gains_the_new_columns(tmp_path):
     import sqlite3
 
