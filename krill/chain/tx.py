@@ -18,12 +18,13 @@ Design decisions:
   most once a second per transactor (forgotten after a failed send and a devnet revert).
 - Views and gas estimates go straight through the provider as JSON-RPC requests (`raw_call`):
   web3's request middleware cost more CPU than the request; reverts decode the same way.
-- Resending after a transient fault is safe: the signed bytes and hence the hash are the same,
-  and "already known" from the node counts as sent. A first send whose reply was lost (a read
-  timeout) may already be mined when it is resent, and the node then refuses the resend as
-  "nonce too low" (py-evm: "invalid transaction nonce"); the transaction is then looked up by its
-  hash and counts as sent if the node has it. If it does not, another transaction took the nonce,
-  and the refusal is raised as before.
+- Resending after a transient fault is safe: the signed bytes and hence the hash are the same.
+  A first send whose reply was lost (a read timeout) may already be in the pool or mined when it
+  is resent, and the node refuses the resend in its own words ("already known" on geth,
+  "transaction already imported" on Anvil with a pending pool, "nonce too low" once mined,
+  py-evm's "invalid transaction nonce"); whatever the words, the transaction is then looked up by
+  its hash and counts as sent if the node has it. If it does not, the refusal is raised as
+  before (another transaction took the nonce, or the resend is wrong for another reason).
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ from krill.phases import phase
 E = TypeVar("E", bound=ChainEvent)
 IN_PROCESS_GAS_LIMIT = 10_000_000
 FEE_REUSE_S = 1.0  # how long a transactor reuses the fees it read (`Transactor._fees`)
-# How nodes refuse a transaction whose nonce a mined one used: geth and Anvil ("nonce too low"),
-# Nethermind ("OldNonce, Current nonce: 55, ..."), py-evm ("Invalid transaction nonce: Expected 1, but got 0").
-_NONCE_USED = ("nonce too low", "oldnonce", "invalid transaction nonce")
 
 
 @dataclass(frozen=True)
@@ -319,13 +317,9 @@ class Transactor:
             attempt += 1
             try:
                 return self.w3.eth.send_raw_transaction(raw)
-            except Exception as exc:
-                if attempt > 1:
-                    message = str(exc).lower()
-                    if "already known" in message:
-                        return tx_hash
-                    if any(marker in message for marker in _NONCE_USED) and self._known(tx_hash):
-                        return tx_hash  # the earlier send landed; only its reply was lost
+            except Exception:
+                if attempt > 1 and self._known(tx_hash):
+                    return tx_hash  # the earlier send reached the node (pending or mined); only its reply was lost
                 raise
 
         return self._rpc(send, f"{what} (send)")

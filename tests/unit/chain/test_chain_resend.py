@@ -16,10 +16,10 @@ def _transfer(params: dict) -> dict:
     return {**params, "to": dev_account(1).address, "value": 1}
 
 
-@pytest.mark.parametrize("refusal", ["py-evm", "anvil"])
+@pytest.mark.parametrize("refusal", ["py-evm", "anvil", "anvil-pending", "geth-pending"])
 def test_a_resend_refused_for_its_nonce_counts_as_sent_when_the_first_send_landed(monkeypatch, refusal):
-    """The first send reaches the node and is mined, but its reply is lost (a read timeout, retried as
-    transient); the resend is refused because the nonce is used: by this very transaction."""
+    """The first send reaches the node and is mined (or pooled), but its reply is lost (a read timeout,
+    retried as transient); the resend is refused, in each node's words, because of this very transaction."""
     w3 = connect_in_process(accounts=2)
     tx = Transactor(w3, dev_account(0), retry=RETRY)
     real = w3.eth.send_raw_transaction
@@ -32,6 +32,10 @@ def test_a_resend_refused_for_its_nonce_counts_as_sent_when_the_first_send_lande
             raise requests.ReadTimeout("read timed out")
         if refusal == "anvil":  # what Anvil (and geth) answer, through web3
             raise Web3RPCError("{'code': -32003, 'message': 'nonce too low'}")
+        if refusal == "anvil-pending":  # Anvil with a block time, while the first send is in its pool
+            raise Web3RPCError("{'code': -32003, 'message': 'transaction already imported'}")
+        if refusal == "geth-pending":
+            raise Web3RPCError("{'code': -32000, 'message': 'already known'}")
         return real(raw)  # py-evm's own refusal: "Invalid transaction nonce: Expected 1, but got 0"
 
     monkeypatch.setattr(w3.eth, "send_raw_transaction", reply_lost_once)
