@@ -12,11 +12,16 @@ import {ERC20Burnable} from "@openzeppelin/contracts/token/ERC20/extensions/ERC2
 /// @dev Design decisions (see DESIGN.md section 8):
 ///  - One account has one role (worker or verifier) and one Ed25519 key, both fixed by its first
 ///    stake and never changed, so signatures made under the key stay attributable forever.
-///  - Stake leaves in two steps: requestUnstake moves it into unbonding, withdraw pays it out once
-///    `unbondingBlocks` have passed. Unbonding stake can still be slashed, and unbondingBlocks is
+///  - Stake leaves in two steps: requestUnstake moves it into unbonding, withdraw pays it out at the
+///    release block. Unbonding stake can still be slashed. The release block is `unbondingBlocks`
+///    after the later of the request and the close of the challenge window of the account's latest
+///    commit (`windowEndOf`), and a commit made while stake is unbonding moves it later again
+///    (`ReleaseDelayed`): the coordinator always has `unbondingBlocks` after a commit's window
+///    closes to replay and slash it. (Counting from the request alone left it unbondingBlocks -
+///    window blocks, none at all when the two were close: a worker could commit a forgery, request
+///    its unstake in the next block and withdraw before the slash landed.) unbondingBlocks is also
 ///    kept strictly larger than every run's challenge window (checked in createRun and in the
-///    setter), so failing verdicts on a commit are always in before the stake behind it can leave.
-///    Each new request restarts the release block of the whole unbonding balance.
+///    setter). Each new request restarts the release block of the whole unbonding balance.
 ///  - Eligibility is "stake >= the role's minimum and not jailed", checked when acting; lowering
 ///    stake below the minimum is allowed and simply removes the right to act.
 ///  - Commit ids are sequential from 1. The check randomness of a commit is blockhash(commit block
@@ -146,6 +151,7 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     mapping(uint256 commitId => mapping(address verifier => AttestationInfo)) private _attestations;
     mapping(uint256 commitId => address[]) private _failingVerifiers;
     mapping(address account => uint256) private _claimable;
+    mapping(address account => uint256) private _windowEnd;
     uint256 private _totalStaked;
     uint256 private _totalUnbonding;
     uint256 private _totalRewardPools;
@@ -164,6 +170,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     event Staked(address indexed account, uint8 indexed role, uint256 amount, uint256 staked, bytes32 ed25519PublicKey);
     /// @notice `account` moved `amount` into unbonding; all of it is released at `releaseBlock`.
     event UnstakeRequested(address indexed account, uint256 amount, uint256 unbonding, uint256 releaseBlock);
+    /// @notice A commit (`commitId`) of `account` while stake was unbonding moved its release to `releaseBlock`.
+    event ReleaseDelayed(address indexed account, uint256 indexed commitId, uint256 releaseBlock);
     /// @notice `account` withdrew `amount` of released unbonding stake.
     event Withdrawn(address indexed account, uint256 amount);
     /// @notice A run was created.
@@ -367,7 +375,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     }
 
     /// @notice Move `amount` of the caller's stake into unbonding.
-    /// @dev Restarts the release block of the whole unbonding balance at now + unbondingBlocks.
+    /// @dev Restarts the release block of the whole unbonding balance at unbondingBlocks after the later
+    ///      of now and the close of the caller's latest commit's challenge window.
     /// @param amount Tokens to unbond.
     function requestUnstake(uint256 amount) external {
         if (amount == 0) revert StakeZeroAmount();
@@ -375,7 +384,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
         if (amount > s.staked) revert StakeInsufficient(msg.sender, s.staked, amount);
         s.staked -= amount;
         s.unbonding += amount;
-        s.releaseBlock = block.number + _unbondingBlocks;
+        uint256 windowEnd = _windowEnd[msg.sender];
+        s.releaseBlock = (block.number > windowEnd ? block.number : windowEnd) + _unbondingBlocks;
         _totalStaked -= amount;
         _totalUnbonding += amount;
         emit UnstakeRequested(msg.sender, amount, s.unbonding, s.releaseBlock);
@@ -461,7 +471,9 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     // ----------------------------------------------------------------------------------------
 
     /// @notice Commit to a contribution's header digest for `version` of `runId`.
-    /// @dev Staked, non-jailed workers only; latest - maxStaleness <= version <= latest.
+    /// @dev Staked, non-jailed workers only; latest - maxStaleness <= version <= latest. Records the
+    ///      close of the commit's challenge window, and moves the release of stake already unbonding to
+    ///      unbondingBlocks after it (ReleaseDelayed), so the stake behind the commit stays slashable.
     /// @param runId The run.
     /// @param version Model version the contribution was computed at.
     /// @param nonce Worker-chosen nonce; (worker, run, version, nonce) is unique.
@@ -495,6 +507,13 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
         c.headerDigest = headerDigest;
         c.commitBlock = uint64(block.number);
         emit Committed(commitId, runId, msg.sender, version, nonce, headerDigest);
+        uint256 windowEnd = block.number + r.params.challengeWindowBlocks;
+        if (windowEnd > _windowEnd[msg.sender]) _windowEnd[msg.sender] = windowEnd;
+        StakeInfo storage s = _stakes[msg.sender];
+        if (s.unbonding != 0 && windowEnd + _unbondingBlocks > s.releaseBlock) {
+            s.releaseBlock = windowEnd + _unbondingBlocks;
+            emit ReleaseDelayed(msg.sender, commitId, s.releaseBlock);
+        }
     }
 
     /// @notice Record (on first call) and return the check randomness of `commitId`.
@@ -657,6 +676,13 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     /// @notice Minimum staked balance of an eligible participant in `role`.
     function minimumStake(uint8 role) external view returns (uint256) {
         return _minimumStake[role];
+    }
+
+    /// @notice Last block of the challenge window of `account`'s latest-closing commit (0: none).
+    /// @param account The account.
+    /// @return The block.
+    function windowEndOf(address account) external view returns (uint256) {
+        return _windowEnd[account];
     }
 
     /// @notice Stake record of `account`.

@@ -80,6 +80,13 @@ class UnstakeRequested(ChainEvent):
 
 
 @dataclass(frozen=True)
+class ReleaseDelayed(ChainEvent):
+    account: str
+    commit_id: int
+    release_block: int
+
+
+@dataclass(frozen=True)
 class Withdrawn(ChainEvent):
     account: str
     amount: int

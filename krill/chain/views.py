@@ -85,6 +85,10 @@ class ProtocolViews:
     def failing_verifiers_of(self, commit_id: int) -> list[str]:
         return list(self._view("failingVerifiersOf", to_uint(commit_id, "commit_id")))
 
+    def window_end_of(self, account: str) -> int:
+        """Last block of the challenge window of `account`'s latest-closing commit (0: it never committed)."""
+        return self._view("windowEndOf", account)
+
     def claimable_of(self, account: str) -> int:
         return self._view("claimableOf", account)
 

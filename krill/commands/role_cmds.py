@@ -129,8 +129,9 @@ def unstake_command(role: str) -> click.Command:
                    f"{tokens(done.staked)} staked); withdraw from block {done.release_block} with "
                    f"`krill {role} withdraw` (tx {done.transaction_hash})")
 
-    unstake.help = (f"Start unbonding stake; `krill {role} withdraw` pays it out after the unbonding period "
-                    "(slashes still reach it until then).")
+    unstake.help = (f"Start unbonding stake; `krill {role} withdraw` pays it out after the unbonding period, "
+                    "counted from the close of the challenge window of your latest commit if that is later (a "
+                    "commit while unbonding moves it again); slashes still reach it until then.")
     return unstake
 
 

@@ -110,6 +110,10 @@ def _unstake(s: Session, e: ev.UnstakeRequested, p: TrustPrior) -> None:
     row.staked, row.unbonding, row.release_block = row.staked - e.amount, e.unbonding, e.release_block
 
 
+def _release_delayed(s: Session, e: ev.ReleaseDelayed, p: TrustPrior) -> None:
+    _participant(s, e.account, e.block_number, p).release_block = e.release_block
+
+
 def _withdrawn(s: Session, e: ev.Withdrawn, p: TrustPrior) -> None:
     _participant(s, e.account, e.block_number, p).unbonding = 0
 
@@ -228,7 +232,8 @@ def _claimed(s: Session, e: ev.Claimed, p: TrustPrior) -> None:
 
 Handler = Callable[[Session, Any, TrustPrior], None]
 HANDLERS: dict[type[ev.ChainEvent], Handler] = {
-    ev.Staked: _staked, ev.UnstakeRequested: _unstake, ev.Withdrawn: _withdrawn, ev.RunCreated: _run_created,
+    ev.Staked: _staked, ev.UnstakeRequested: _unstake,
+    ev.ReleaseDelayed: _release_delayed, ev.Withdrawn: _withdrawn, ev.RunCreated: _run_created,
     ev.RewardsFunded: _funded, ev.Committed: _committed, ev.RandomnessSealed: _sealed, ev.Attested: _attested,
     ev.Slashed: _slashed, ev.WorkerJailed: _jailed, ev.BountyCredited: _bounty, ev.VersionPublished: _published,
     ev.RewardCredited: _credited, ev.VersionSettled: _settled, ev.Claimed: _claimed,

@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from chain_constants import BASE_MANIFEST, MIN_WORKER, POOL, RUN_ID, TOKEN, WIDE_RUN, digest
+from chain_constants import (
+    BASE_MANIFEST,
+    CHALLENGE_WINDOW,
+    MIN_WORKER,
+    POOL,
+    RUN_ID,
+    TOKEN,
+    UNBONDING,
+    WIDE_RUN,
+    digest,
+)
 
 from krill.chain import errors as E
 from krill.chain.events import (
@@ -13,12 +23,15 @@ from krill.chain.events import (
     BountyCredited,
     Claimed,
     Committed,
+    ReleaseDelayed,
     RewardCredited,
     RewardsFunded,
     RunCreated,
     Slashed,
+    UnstakeRequested,
     VersionPublished,
     VersionSettled,
+    Withdrawn,
     WorkerJailed,
 )
 from krill.chain.types import Role
@@ -149,6 +162,47 @@ def test_slash_reaches_unbonding_stake_and_burns_dust(staked):
     release = env.admin.stake_of(env.addr(2)).release_block
     env.mine(max(0, release - env.block()))
     assert env.at(2).withdraw().events[0].amount == 100 * TOKEN
+
+
+def test_a_worker_leaving_right_after_a_commit_stays_slashable_for_unbonding_after_its_window(staked):
+    """Counted from the request alone, the release came unbondingBlocks - window blocks after the window
+    closed (10 here): a worker could commit a forgery, unstake in the next block and withdraw before
+    the coordinator's slash landed. The release now counts from the close of its latest commit's window."""
+    env = staked
+    worker = env.addr(2)
+    committed = env.at(2).commit(RUN_ID, 0, 0, digest("forged")).event(Committed)
+    window_end = committed.block_number + CHALLENGE_WINDOW
+    assert env.admin.window_end_of(worker) == window_end and env.admin.window_end_of(env.addr(3)) == 0
+    request = env.at(2).request_unstake(200 * TOKEN).event(UnstakeRequested)
+    assert request.release_block == window_end + UNBONDING
+    for v in (5, 6):
+        env.at(v).attest(committed.commit_id, False, digest(f"evidence-{v}"))
+    env.mine(window_end + UNBONDING - env.block() - 2)  # the last block before release: the slash still lands
+    with pytest.raises(E.StakeStillUnbonding):
+        env.at(2).withdraw()
+    assert env.coordinator.slash(committed.commit_id).event(Slashed).amount == 100 * TOKEN
+    env.mine(1)
+    assert env.at(2).withdraw().event(Withdrawn).amount == 100 * TOKEN
+
+
+def test_a_commit_while_stake_is_unbonding_delays_its_release(staked):
+    env = staked
+    worker = env.addr(2)
+    request = env.at(2).request_unstake(50 * TOKEN).event(UnstakeRequested)  # 150 still staked: still eligible
+    assert request.release_block == request.block_number + UNBONDING
+    env.mine(UNBONDING - CHALLENGE_WINDOW + 3)  # a commit now has its window close after that release
+    receipt = env.at(2).commit(RUN_ID, 0, 0, digest("while unbonding"))
+    delayed = receipt.event(ReleaseDelayed)
+    commit_block = receipt.event(Committed).block_number
+    assert (delayed.account, delayed.commit_id, delayed.release_block) == (
+        worker, receipt.event(Committed).commit_id, commit_block + CHALLENGE_WINDOW + UNBONDING)
+    assert env.admin.stake_of(worker).release_block == delayed.release_block
+    env.mine(request.release_block - env.block())
+    with pytest.raises(E.StakeStillUnbonding) as err:
+        env.at(2).withdraw()
+    assert err.value.revert_args[1] == delayed.release_block
+    early = env.at(3).commit(RUN_ID, 0, 0, digest("not unbonding"))  # nothing unbonding: nothing delayed
+    assert not early.events_of(ReleaseDelayed)
 
 
 def test_slash_requires_coordinator_and_quorum(staked):

@@ -28,7 +28,7 @@ def _protocol_calls(env, cid: int) -> list[tuple[str, tuple]]:
         ("commitCount", ()), ("commitOf", (cid,)), ("commitIdOf", (RUN_ID, worker, 0, 0)),
         ("commitIdByDigest", (digest("view"),)), ("randomnessOf", (cid,)), ("isCheckSelected", (cid, key_of(5))),
         ("attestationOf", (cid, verifier)), ("attestationOf", (cid, worker)), ("failingVerifiersOf", (cid,)),
-        ("claimableOf", (worker,)), ("totalStaked", ()), ("totalUnbonding", ()), ("totalRewardPools", ()),
+        ("claimableOf", (worker,)), ("windowEndOf", (worker,)), ("totalStaked", ()), ("totalUnbonding", ()), ("totalRewardPools", ()),
         ("totalClaimable", ()), ("totalBurned", ()), ("hasRole", (role, env.addr(0))), ("getRoleAdmin", (role,)),
         ("supportsInterface", (bytes.fromhex("01ffc9a7"),)),
     ]
