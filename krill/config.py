@@ -70,6 +70,10 @@ def _check_shards(value: list[int] | None) -> list[int] | None:
 Shards = Annotated[list[int] | None, AfterValidator(_check_shards)]
 
 
+DEVNET_CHAIN_IDS = (31337,)  # Anvil's: a local chain, whose blocks are never reorganised
+LIVE_CONFIRMATIONS = 12  # the default depth on any other chain (a few minutes on Ethereum, seconds on L2s)
+
+
 class ChainConfig(_Section):
     """Where the Krill contracts live and how to talk to the chain."""
 
@@ -80,10 +84,19 @@ class ChainConfig(_Section):
     token_address: str | None = Field(None, pattern=r"^0x[0-9a-fA-F]{40}$",
                                       description="Address of the KrillToken stake/reward token.")
     deploy_block: int = Field(0, ge=0, description="Block the protocol was deployed in; event scans start here.")
-    confirmations: int = Field(0, ge=0, le=64, description="Blocks an event must be buried under before it is acted on.")
+    confirmations: int | None = Field(None, ge=0, le=64, description=(
+        "Blocks an event must be buried under before it is acted on; unset: 0 on a local devnet (chain id "
+        f"{', '.join(map(str, DEVNET_CHAIN_IDS))}), {LIVE_CONFIRMATIONS} on any other chain, whose blocks can be "
+        "reorganised (the index and the verifiers do not detect a reorg of a block they already read)."))
     request_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one JSON-RPC request.")
     retries: int = Field(5, ge=0, le=50, description="Retries of a transient RPC failure, with exponential back-off.")
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to poll for new blocks and receipts.")
+
+    def confirmations_on(self, chain_id: int) -> int:
+        """`confirmations`, or its default on chain `chain_id` where unset."""
+        if self.confirmations is not None:
+            return self.confirmations
+        return 0 if chain_id in DEVNET_CHAIN_IDS else LIVE_CONFIRMATIONS
 
     @field_validator("rpc_url")
     @classmethod

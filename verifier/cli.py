@@ -89,10 +89,11 @@ def _run(config, bar, max_attestations: int | None) -> None:
     import torch
 
     from krill.commands.role_cmds import password_prompt
+    from krill.config import DEVNET_CHAIN_IDS
     from krill.errors import ChainUnavailableError, StoreUnavailableError
     from krill.runtime import apply_cpu_settings, role_state_dir
     from krill.verifier.attest import Who
-    from krill.verifier.loop import DEVNET_CHAIN_IDS, LoopSettings, VerifierLoop
+    from krill.verifier.loop import LoopSettings, VerifierLoop
     from krill.verifier.replay import RunDataUnavailable
     from krill.verifier.state import VerifierState
 
@@ -112,7 +113,7 @@ def _run(config, bar, max_attestations: int | None) -> None:
     who = Who(chain_id=chain_id, contract=chain.address, address=identity.address,
               key=identity.ed25519_public_key, engine=f"{spec.engine} (torch {torch.__version__}, cpu, float32)")
     settings = LoopSettings(poll_interval_s=config.verifier.poll_interval_s, max_backoff_s=config.verifier.max_backoff_s,
-                            confirmations=config.chain.confirmations,
+                            confirmations=config.chain.confirmations_on(chain_id),
                             devnet_mine_after_s=2.0 if chain_id in DEVNET_CHAIN_IDS else None)
     loop = VerifierLoop(chain, store, spec, state, who, settings, echo=echo, calibration=config.verifier.calibration)
     try:

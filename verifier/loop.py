@@ -100,7 +100,6 @@ class LoopSettings:
     devnet_mine_after_s: float | None = None
 
 
-DEVNET_CHAIN_IDS = (31337,)
 
 
 class VerifierLoop:

@@ -39,7 +39,7 @@ def _open(stack: ExitStack, with_store: bool = True):
 
         store = stack.enter_context(open_store(config.store))
     indexer = Indexer(chain, db, store, start_block=config.chain.deploy_block,
-                      confirmations=config.chain.confirmations)
+                      confirmations=config.chain.confirmations_on(chain.w3.eth.chain_id))
     return indexer, config
 
 
