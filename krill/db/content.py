@@ -26,8 +26,10 @@ from krill.errors import PayloadError, StoreError
 from krill.payload.header import decode_header, grad_file
 from krill.payload.limits import PayloadLimits
 
-# The index only parses headers (no tensors), so the header caps are all that matter here.
-HEADER_LIMITS = PayloadLimits(vocab_size=1 << 24)
+# The index only parses headers (no tensors), so the header caps are all that matter here, and it
+# serves every run: the widest caps any run spec may set, so no run's honest header reads as invalid
+# (with the defaults, a run allowing 301 files had every header marked invalid in the explorer).
+HEADER_LIMITS = PayloadLimits(vocab_size=1 << 24, max_header_bytes=1 << 20, max_files=4096)
 STORE_FAULTS = (StoreError, ConnectionError, TimeoutError)
 _GRAD = re.compile(r"^grad-([0-9]{1,6})\.safetensors$")
 
