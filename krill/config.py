@@ -277,7 +277,9 @@ class KrillConfig(_Section):
 
 
 _SECRET_KEYS = re.compile(r"(password|secret|token_key|api_key|private)", re.I)
-_URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]+)(:(?P<pw>[^@/]*))?@", re.I)
+_URL_CREDS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@]+)(:(?P<pw>[^@]*))?@", re.I)
+# Hosted RPC endpoints carry their API key in the path (`https://eth-mainnet.g.alchemy.com/v2/KEY`).
+_URL_PATH = re.compile(r"^(?P<base>[a-z][a-z0-9+.-]*://[^/?#]+)/[^?#]+", re.I)
 _QUERY_SECRET = re.compile(r"([?&](?:key|apikey|api_key|token|secret)=)[^&]+", re.I)
 
 
@@ -290,6 +292,8 @@ def _mask(value: Any, key: str = "") -> Any:
         if _SECRET_KEYS.search(key) and value:
             return "********"
         value = _URL_CREDS.sub(lambda m: f"{m['scheme']}{m['user']}{':********' if m['pw'] is not None else ''}@", value)
+        if key == "rpc_url":
+            value = _URL_PATH.sub(r"\g<base>/********", value)
         return _QUERY_SECRET.sub(r"\1********", value)
     return value
 
@@ -405,6 +409,8 @@ def write_config(config: KrillConfig, path: Path) -> None:
         data["keystore"]["password"] = config.keystore.password.get_secret_value()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
-    tmp.chmod(0o600)
+    tmp.unlink(missing_ok=True)
+    # Created 0600: written first and chmod-ed after, the secrets were world-readable for a moment.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
+        out.write(tomli_w.dumps(data))
     tmp.replace(path)

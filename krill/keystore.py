@@ -195,6 +195,8 @@ def unlock(path: Path, password: str) -> Identity:
         if "MAC mismatch" in str(exc):
             raise WrongPasswordError(f"wrong password for keystore {path}") from None
         raise KeystoreError(f"keystore {path}: malformed ethereum section ({exc})") from None
+    except (KeyError, TypeError, AttributeError) as exc:  # a section missing its fields
+        raise KeystoreError(f"keystore {path}: malformed ethereum section (missing or wrong {exc})") from None
     account = Account.from_key(private_key)
     signing_key = SigningKey(_open_seed(doc["ed25519"], password, path))
     if account.address != doc["address"] or bytes(signing_key.verify_key).hex() != doc["ed25519_public_key"]:

@@ -71,6 +71,10 @@ def keystore_path(keystore: str | None, role: str) -> tuple[Path, bool]:
     # A bare name is a keystore in the keys directory, even if a folder of that name is in the current one.
     is_path = name.endswith(".json") or "/" in name or name.startswith("~")
     path = Path(name).expanduser().resolve() if is_path else keys_dir() / f"{name}.json"
+    if path.suffix != ".json" and not path.exists():
+        # A keystore is written as <name>.json: the config would name a file that is never there.
+        raise ConfigError(f"--keystore {keystore}: a new keystore's path must end in .json "
+                          f"(e.g. {path.with_suffix('.json')})")
     return path, path.exists()
 
 

@@ -110,13 +110,17 @@ class AnvilProcess:
                 out.close()
         node = cls(pid=popen.pid, port=port, log_path=log_path, _popen=popen)
         deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if popen.poll() is not None:
-                raise DevnetError(f"Anvil exited with status {popen.returncode} on port {port}"
-                                  + (f"; see {log_path}" if log_path else ""))
-            if rpc_ready(node.rpc_url) == chain_id:
-                return node
-            time.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                if popen.poll() is not None:
+                    raise DevnetError(f"Anvil exited with status {popen.returncode} on port {port}"
+                                      + (f"; see {log_path}" if log_path else ""))
+                if rpc_ready(node.rpc_url) == chain_id:
+                    return node
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C while it starts: a detached node would outlive us, unrecorded
+            node.stop()
+            raise
         node.stop()
         raise DevnetError(f"Anvil did not answer on {node.rpc_url} within {ready_timeout:.0f}s")
 

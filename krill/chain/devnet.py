@@ -56,7 +56,12 @@ def read_state(state_dir: Path) -> DevnetState | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         data.pop("rpc_url", None)
-        return DevnetState(**data)
+        state = DevnetState(**data)
+        for name, kind in (("pid", int), ("port", int), ("chain_id", int), ("deploy_block", int),
+                           ("protocol_address", str), ("token_address", str), ("config_path", str)):
+            if type(getattr(state, name)) is not kind:
+                raise ValueError(f"{name} is not a{'n int' if kind is int else ' string'}")
+        return state
     except (ValueError, TypeError) as exc:
         raise DevnetError(f"devnet state {path} is damaged ({exc}); run `krill devnet down`") from None
 
@@ -79,7 +84,7 @@ def provision(rpc_url: str, accounts: int = DEVNET_ACCOUNTS, funding: int = DEVN
 
 def start_devnet(state_dir: Path, port: int = 8545) -> tuple[DevnetState, bool]:
     """Start (or find running) the devnet; returns its state and whether it was started now."""
-    from krill.config import load_config, write_config
+    from krill.config import KrillConfig, write_config
 
     state = read_state(state_dir)
     if state is not None:
@@ -92,26 +97,42 @@ def start_devnet(state_dir: Path, port: int = 8545) -> tuple[DevnetState, bool]:
     node = AnvilProcess.start(port, log_path=state_dir / "anvil.log", detach=True)
     try:
         deployment = provision(node.rpc_url)
-    except BaseException:
+        config_path = state_dir / "config.toml"
+        # The devnet's own settings on the defaults, nothing else: not the operator's config (KRILL_CONFIG,
+        # whose keystore password and database URL then sat in this file, and whose devnet commands wrote
+        # into that database), not the environment.
+        config = KrillConfig.model_validate({"chain": {
+            "rpc_url": node.rpc_url, "chain_id": deployment.chain_id, "protocol_address": deployment.protocol,
+            "token_address": deployment.token, "deploy_block": deployment.block_number}})
+        write_config(config, config_path)
+        state = DevnetState(pid=node.pid, port=node.port, chain_id=DEFAULT_CHAIN_ID,
+                            protocol_address=deployment.protocol, token_address=deployment.token,
+                            deploy_block=deployment.block_number, config_path=str(config_path))
+        _write_state(state_dir, state)
+    except BaseException:  # no state file: nothing else would ever stop this detached node
         node.stop()
         raise
-    config_path = state_dir / "config.toml"
-    config = load_config(None, [
-        f'chain.rpc_url="{node.rpc_url}"', f"chain.chain_id={deployment.chain_id}",
-        f'chain.protocol_address="{deployment.protocol}"', f'chain.token_address="{deployment.token}"',
-        f"chain.deploy_block={deployment.block_number}",
-    ], environ={})
-    write_config(config, config_path)
-    state = DevnetState(pid=node.pid, port=node.port, chain_id=DEFAULT_CHAIN_ID, protocol_address=deployment.protocol,
-                        token_address=deployment.token, deploy_block=deployment.block_number,
-                        config_path=str(config_path))
-    _state_file(state_dir).write_text(json.dumps(state.to_json(), indent=1), encoding="utf-8")
     return state, True
 
 
+def _write_state(state_dir: Path, state: DevnetState) -> None:
+    """Write devnet.json whole or not at all (a torn file used to lock `down` out with 'damaged')."""
+    path = _state_file(state_dir)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state.to_json(), indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
 def stop_devnet(state_dir: Path) -> bool:
-    """Stop the recorded devnet (by PID) and remove its state; True if a node was stopped."""
-    state = read_state(state_dir)
+    """Stop the recorded devnet (by PID) and remove its state; True if a node was stopped. A damaged state
+    file names no node to stop: it is removed (so `up` can start again), and the error says so."""
+    try:
+        state = read_state(state_dir)
+    except DevnetError as exc:
+        for name in ("devnet.json", "config.toml"):
+            (state_dir / name).unlink(missing_ok=True)
+        raise DevnetError(f"{exc.args[0].split('; run')[0]}: removed it; if its Anvil still runs, stop it by hand "
+                          f"(its log: {state_dir / 'anvil.log'})") from None
     stopped = False
     if state is not None and pid_alive(state.pid):
         if rpc_ready(state.rpc_url) is None and not _is_anvil(state.pid):

@@ -45,6 +45,12 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
     from rich.console import Console
 
     console = Console()
+    if summary_path and not Path(summary_path).expanduser().resolve().parent.is_dir():
+        from krill.errors import ConfigError
+
+        # Checked now: the summary is written at the very end, after minutes of work.
+        raise ConfigError(f"--summary {summary_path}: the folder {Path(summary_path).expanduser().resolve().parent} "
+                          "does not exist")
     if chain_round:
         summary = _chain_round(console)
     else:
@@ -57,7 +63,16 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
 
         if adversaries > workers:
             raise ConfigError(f"--adversaries {adversaries} exceeds --workers {workers}")
-        overrides = tomllib.loads(Path(spec_file).read_text()) if spec_file else {}
+        try:
+            overrides = tomllib.loads(Path(spec_file).read_text(encoding="utf-8")) if spec_file else {}
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--spec {spec_file} is not valid TOML: {exc}") from None
+        from krill.demo.orchestrate import DEMO_SPEC
+
+        for table in sorted(set(overrides) & (set(DEMO_SPEC) | {"version"})):
+            if not isinstance(overrides[table], dict):
+                raise ConfigError(f"--spec {spec_file}: `{table}` must be a table ([{table}] ...), "
+                                  f"not {type(overrides[table]).__name__}")
         config = DemoConfig(workers=workers, adversaries=adversaries, verifiers=verifiers, minutes=minutes,
                             versions=versions, spec_overrides=overrides,
                             model_dir=Path(model_dir) if model_dir else None,

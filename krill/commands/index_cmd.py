@@ -20,18 +20,13 @@ from krill.commands.context import current_config
 
 
 def _open(stack: ExitStack, with_store: bool = True):
-    from krill.chain.client import KrillChain
-    from krill.chain.rpc import RetryPolicy, connect_http
     from krill.db.indexer import Indexer
     from krill.db.session import open_database
-    from krill.errors import ConfigError
+    from krill.runtime import connect_chain
 
     config = current_config()
-    if config.chain.protocol_address is None:
-        raise ConfigError("chain.protocol_address is not set: start a devnet (`krill devnet up`) or set it in "
-                          "the config (KRILL_CHAIN__PROTOCOL_ADDRESS)")
-    chain = KrillChain(connect_http(config.chain.rpc_url, config.chain.request_timeout_s),
-                       config.chain.protocol_address, retry=RetryPolicy(attempts=config.chain.retries + 1))
+    # The one way every command connects: an unreachable node is a one-line error, a wrong chain id refused.
+    chain = connect_chain(config)
     db = stack.enter_context(open_database(config.database.url))
     store = None
     if with_store:

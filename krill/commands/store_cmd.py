@@ -50,6 +50,9 @@ def put_block(path: Path) -> None:
 @click.option("--max-bytes", type=click.IntRange(0), help="Refuse objects larger than this.")
 def get(cid: str, output: Path | None, max_bytes: int | None) -> None:
     """Fetch CID, verify it, and write it to --output (or stdout when not a terminal)."""
+    if output is not None and not output.expanduser().resolve().parent.is_dir():
+        raise click.BadParameter(f"the folder {output.expanduser().resolve().parent} does not exist",
+                                 param_hint="--output")
     with _store() as s:
         data = s.get(cid, max_bytes=max_bytes)
     if output is not None:

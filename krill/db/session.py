@@ -43,7 +43,9 @@ def make_engine(url: str, echo: bool = False) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         memory = parsed.database in (None, "", ":memory:")
         if not memory:
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(parsed.database).expanduser()  # SQLite would open a folder literally named `~`
+            path.parent.mkdir(parents=True, exist_ok=True)
+            url = parsed.set(database=str(path))
         engine = create_engine(url, echo=echo, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S,
                                                              "check_same_thread": False},
                                poolclass=StaticPool if memory else None)

@@ -124,7 +124,11 @@ class EmbeddedKuboStore(BlockBackedStore):
         config.setdefault("Discovery", {}).setdefault("MDNS", {})["Enabled"] = False
         config.setdefault("Routing", {})["Type"] = "none"
         tmp = config_path.with_suffix(".krill-tmp")
-        tmp.write_text(json.dumps(config, indent=2))
+        tmp.unlink(missing_ok=True)
+        # 0600 like Kubo's own: the config holds the node's libp2p private key (written at the default
+        # umask it became world-readable).
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
+            out.write(json.dumps(config, indent=2))
         os.replace(tmp, config_path)
         if self._kubo.RunNode(_c(self.repo)) < 0:
             raise StoreUnavailableError(f"Kubo could not start a node on {self.repo} (is another process "

@@ -1,0 +1,52 @@
+"""`krill devnet up` writes a config of its own chain on the defaults: an operator's KRILL_CONFIG (its keystore
+password, its production database) used to be copied into it, and a bad KRILL_CONFIG left Anvil running."""
+
+from __future__ import annotations
+
+import pytest
+
+from krill.chain.anvil import free_port, pid_alive
+from krill.chain.devnet import read_state, start_devnet, stop_devnet
+from krill.config import load_config
+
+
+def test_devnet_up_ignores_the_operators_config(tmp_path, monkeypatch):
+    user = tmp_path / "user.toml"
+    user.write_text('[keystore]\npassword = "hunter2-secret"\npath = "/home/op/keys/w.json"\n'
+                    '[database]\nurl = "postgresql+psycopg://op:dbpass@db.internal/krill"\n')
+    monkeypatch.setenv("KRILL_CONFIG", str(user))
+    state, started = start_devnet(tmp_path / "devnet", port=free_port())
+    try:
+        assert started
+        written = (tmp_path / "devnet" / "config.toml").read_text()
+        for leaked in ("hunter2", "dbpass", "db.internal", "/home/op"):
+            assert leaked not in written, written
+        config = load_config(tmp_path / "devnet" / "config.toml", environ={})
+        assert (config.chain.protocol_address, config.chain.deploy_block) == (state.protocol_address,
+                                                                              state.deploy_block)
+        assert ((tmp_path / "devnet" / "config.toml").stat().st_mode & 0o777) == 0o600
+    finally:
+        stop_devnet(tmp_path / "devnet")
+    assert not pid_alive(state.pid) and read_state(tmp_path / "devnet") is None
+
+
+def test_a_failure_after_anvil_started_stops_it(tmp_path, monkeypatch):
+    import krill.chain.devnet as devnet
+
+    started = []
+    real_start = devnet.AnvilProcess.start
+
+    def remember(*args, **kwargs):
+        started.append(real_start(*args, **kwargs))
+        return started[-1]
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(devnet.AnvilProcess, "start", remember)
+    monkeypatch.setattr(devnet, "write_config", broken, raising=False)
+    monkeypatch.setattr("krill.config.write_config", broken)
+    with pytest.raises(OSError, match="disk full"):
+        start_devnet(tmp_path / "devnet", port=free_port())
+    assert started and not pid_alive(started[0].pid)
+    assert read_state(tmp_path / "devnet") is None
