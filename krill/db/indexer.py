@@ -15,7 +15,10 @@ Design decisions:
   outside transactions, and written back in short ones. Store faults are recorded on the row and
   retried on later passes (up to `max_fetch_attempts`); they never stop event ingest.
 - An index belongs to one chain id and contract; pointing it at another raises
-  `IndexMismatchError` rather than mixing two deployments' rows.
+  `IndexMismatchError` rather than mixing two deployments' rows. The hash of its start block
+  is kept too (`IndexAnchor`) and checked on each process's first pass: a restarted devnet has
+  the same chain id and contract address, and an index of the old chain used to keep its rows,
+  with its cursor past the new chain's head, so the new chain's first blocks were never read.
 - `rebuild()` drops the index tables and replays from `start_block` (the deploy block): the index
   is a cache of chain + store, and a test checks the rebuilt rows equal the incremental ones.
 - The cursor is read from the database once per process and then kept in memory: a pass with new
@@ -57,7 +60,7 @@ from functools import partial
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
-from web3.exceptions import Web3RPCError
+from web3.exceptions import BlockNotFound, Web3RPCError
 
 from krill.chain.events import ChainEvent, decode_log
 from krill.chain.rpc import endpoint_of, with_retries
@@ -213,10 +216,39 @@ class Indexer:
         return meta
 
     def next_block(self) -> int:
-        """The first block not yet indexed (read from the database)."""
+        """The first block not yet indexed (read from the database); checks the start block's hash."""
+        anchor = self._start_block_hash()
         with self.db.write() as session:
             self._cursor = self._meta(session).next_block
+            self._check_anchor(session, anchor)
         return self._cursor
+
+    def _start_block_hash(self) -> str | None:
+        """The chain's hash of the start block (None while the chain has not reached it)."""
+        w3 = self.chain.w3
+        try:
+            block = with_retries(lambda: w3.eth.get_block(self.start_block), "eth_getBlockByNumber",
+                                 endpoint=endpoint_of(w3))
+        except BlockNotFound:
+            return None
+        return bytes(block["hash"]).hex()
+
+    def _check_anchor(self, session, chain_hash: str | None) -> None:
+        """Record the start block's hash on first use; IndexMismatchError when the chain now has another."""
+        from krill.db.models import IndexAnchor
+
+        anchor = session.get(IndexAnchor, 1)
+        if chain_hash is None:
+            return
+        if anchor is None:
+            session.add(IndexAnchor(id=1, block_number=self.start_block, block_hash=chain_hash))
+            return
+        if (anchor.block_number, anchor.block_hash) != (self.start_block, chain_hash):
+            raise IndexMismatchError(
+                f"this database indexes another chain: its block {anchor.block_number} has hash "
+                f"{anchor.block_hash[:16]}…, the chain at {endpoint_of(self.chain.w3)} has "
+                f"{chain_hash[:16]}… at block {self.start_block} (a devnet restarted since?): run "
+                "`krill index rebuild`, or set database.url to another database")
 
     # ------------------------------------------------------------------ passes
 

@@ -123,6 +123,17 @@ class IndexMeta(IndexBase):
     next_block: Mapped[int] = mapped_column(BigInteger)
 
 
+class IndexAnchor(IndexBase):
+    """The hash of the index's start block (a single row, id 1): chain id and contract address alone do not tell
+    two chains apart (a restarted devnet has the same chain id and, deploying the same way, the same address)."""
+
+    __tablename__ = "index_anchor"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    block_number: Mapped[int] = mapped_column(BigInteger)
+    block_hash: Mapped[str] = mapped_column(String(64))
+
+
 class ChainEventRow(IndexBase):
     """Every protocol event ingested, in chain order; (tx hash, log index) makes ingest idempotent."""
 

@@ -257,3 +257,24 @@ def test_an_index_refuses_another_deployment(db, played):
 
     with pytest.raises(IndexMismatchError, match="krill index rebuild"):
         Indexer(KrillChain(sc.w3, "0x" + "12" * 20), db).sync()
+
+
+def test_an_index_of_a_chain_since_restarted_is_refused(db, played):
+    """Same chain id, same contract address (a devnet restarted and deployed the same way): only the start
+    block's hash tells the chains apart. The old index kept its rows and a cursor past the new head."""
+    from krill.db.models import IndexAnchor
+
+    sc, store = played
+    indexer(sc, db, store).sync()
+    with db.session() as s:
+        anchor = s.get(IndexAnchor, 1)
+        assert (anchor.block_number, anchor.block_hash) == (
+            sc.deployment.block_number, bytes(sc.w3.eth.get_block(sc.deployment.block_number)["hash"]).hex())
+    assert indexer(sc, db, store).sync().events == 0  # the same chain, a new process: fine
+    with db.session() as s:
+        s.execute(update(IndexAnchor).values(block_hash="ab" * 32))  # the chain the index was built from
+    with pytest.raises(IndexMismatchError, match="indexes another chain.*krill index rebuild"):
+        indexer(sc, db, store).sync()
+    fresh = indexer(sc, db, store)
+    fresh.rebuild()
+    assert fresh.sync().events == 0 and rows(db)["index_anchor"]

@@ -160,10 +160,11 @@ def test_block_times_come_from_the_logs_and_equal_the_blocks(anvil_played, tmp_p
     with open_database(f"sqlite:///{tmp_path / 'logs.db'}") as from_logs, \
             open_database(f"sqlite:///{tmp_path / 'blocks.db'}") as from_blocks:
         Indexer(KrillChain(w3, sc.deployment.protocol), from_logs, store, start_block=sc.deployment.block_number).sync()
-        assert "eth_getLogs" in sent and "eth_getBlockByNumber" not in sent
+        # one block read: the start block's hash, once per process (`IndexAnchor`), none for the times
+        assert "eth_getLogs" in sent and sent.count("eth_getBlockByNumber") == 1
         BlockReading(KrillChain(w3, sc.deployment.protocol), from_blocks, store,
                      start_block=sc.deployment.block_number).sync()
-        assert "eth_getBlockByNumber" in sent
+        assert sent.count("eth_getBlockByNumber") > 2
         assert comparable(from_logs) == comparable(from_blocks)
 
 
