@@ -202,7 +202,7 @@ def admit(ctx, commit: CommitView, next_version: int, now: float) -> Outcome | N
     pending while the content's back-off runs; None: fetch it."""
     early = precheck(ctx, commit, next_version)
     if early is not None:
-        ctx.fetcher.take(commit.commit_id)  # a result fetched before the worker was jailed is not needed
+        ctx.fetcher.forget(commit.commit_id)  # queued, running or fetched before it turned stale or jailed: not needed
         return early
     if not _fetch_due(ctx, commit, now):
         return Outcome(ContributionStatus.PENDING, reason="waiting for content (backing off)")
@@ -366,6 +366,9 @@ def ingest(ctx, next_version: int, now: float | None = None) -> IngestReport:
                 continue  # decided meanwhile (another pass of ours after a restart): keep the first decision
             row.status, row.reason_code, row.reason = outcome.status, outcome.code, outcome.reason
             written.append((commit, outcome))
+    for commit, outcome in decided:
+        if outcome.status != ContributionStatus.PENDING:
+            ctx.content_retry.pop(commit.commit_id, None)  # its back-off is over, whatever the decision
     for commit, outcome in written:
         if outcome.status == ContributionStatus.ACCEPTED:
             ctx.remember(commit.commit_id, outcome.contribution)

@@ -195,6 +195,8 @@ class VerifierLoop:
         for kept in (self._retry_at, self._waiting_since, self._faults, self._verdicts, self._origins,
                      self._named_shards):
             kept.pop(job.commit_id, None)
+        self._evidence.forget(job.commit_id)
+        self.replayer.forget_fetches(job.commit_id)  # a payload still being fetched is not needed any more
 
     def _found_on_chain(self, job: Job, why: str) -> bool:
         """Record `job` as attested if this verifier's attestation of it is on-chain."""

@@ -230,6 +230,10 @@ class Replayer:
 
     # ------------------------------------------------------------------ fetching
 
+    def forget_fetches(self, commit_id: int) -> None:
+        """The commit is decided: drop its payload fetches still queued, running or not taken."""
+        self._fetcher.forget_where(lambda key: key[0] == commit_id)
+
     def _fetch(self, job: Job, cid: str, cap: int, name: str) -> bytes:
         """`cid`'s bytes, fetched on the fetch threads in the lane of `job`'s worker; PayloadUnavailable while
         the fetch is still running after `PASS_WAIT_S` (the loop retries the commit later and takes it then)."""

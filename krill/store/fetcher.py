@@ -19,6 +19,10 @@ Design decisions:
 - A job's result or exception is kept until taken; a key is not queued again while it waits, runs
   or waits to be taken. Exceptions travel to the taker, so a store outage still stops the pass as
   it did when the pass fetched itself.
+- A consumer that decides a commit without its fetch (rejected as stale or jailed meanwhile, missed,
+  attested unavailable) calls `forget`: a queued job is dropped, a running one's result discarded
+  when it ends. Results nobody took within `KEEP_S` are dropped too. Before, each such result (a
+  whole payload, or an exception holding the files read so far) stayed for the life of the role.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 IDLE_S = 30.0  # a fetch thread idle this long ends
 PASS_WAIT_S = 2.0  # the longest a pass waits for the fetches it queued
+KEEP_S = 600.0  # a result nobody took this long is dropped
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Fetcher:
         self._busy: set[str] = set()         # lanes with a running job
         self._known: set[Hashable] = set()   # keys queued, running or done and not taken
         self._done: dict[Hashable, Finished] = {}
+        self._done_at: dict[Hashable, float] = {}  # when each result came (monotonic), for `KEEP_S`
+        self._abandoned: set[Hashable] = set()  # running keys whose result nobody will take
         self._alive = 0
         self._idle = 0
 
@@ -99,7 +106,31 @@ class Fetcher:
             done = self._done.pop(key, None)
             if done is not None:
                 self._known.discard(key)
+                self._done_at.pop(key, None)
             return done
+
+    def forget(self, key: Hashable) -> None:
+        """Nobody will take `key`: drop it queued or done, discard its result when it is running."""
+        self.forget_where(lambda k: k == key)
+
+    def forget_where(self, matches: Callable[[Hashable], bool]) -> None:
+        """`forget` every key for which `matches` is true."""
+        with self._cond:
+            for key in [k for k in self._done if matches(k)]:
+                del self._done[key]
+                self._done_at.pop(key, None)
+                self._known.discard(key)
+            for lane in list(self._lanes):
+                queue = self._lanes[lane]
+                kept = deque(item for item in queue if not matches(item[0]))
+                for key, _ in queue:
+                    if matches(key):
+                        self._known.discard(key)
+                if kept:
+                    self._lanes[lane] = kept
+                else:
+                    del self._lanes[lane]
+            self._abandoned.update(k for k in self._known if k not in self._done and matches(k))
 
     def in_flight(self) -> int:
         """Jobs queued or running."""
@@ -141,5 +172,13 @@ class Fetcher:
                 done = Finished(error=exc)
             with self._cond:
                 self._busy.discard(lane)
-                self._done[key] = done
+                now = time.monotonic()
+                if key in self._abandoned:
+                    self._abandoned.discard(key)
+                    self._known.discard(key)
+                else:
+                    self._done[key], self._done_at[key] = done, now
+                for stale in [k for k, at in self._done_at.items() if now - at > KEEP_S]:
+                    del self._done[stale], self._done_at[stale]
+                    self._known.discard(stale)
                 self._cond.notify_all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import torch
 from sqlalchemy import select
@@ -242,6 +243,49 @@ def test_junk_commits_hold_one_fetch_thread_of_their_workers_lane_not_the_pass(c
     assert (report.accepted, report.pending) == (0, 4)  # missing, before the deadline: backing off
     with ctx.db.session() as s:
         assert {s.get(Contribution, c).reason for c in junk} == {"waiting for content: ContentNotFoundError"}
+
+
+def test_commits_decided_while_their_fetches_run_leave_nothing_held(coordinator_env):
+    """Junk commits rejected as stale while their fetches were queued or running: the queued ones never run,
+    the running one's result is discarded, and no back-off entry outlives the decision. Before, every such
+    result (a whole payload, or its exception) and back-off entry stayed for the coordinator's lifetime."""
+    import threading
+
+    from krill.chain.events import Committed
+    from krill.coordinator import ingest as ingest_module
+    from krill.errors import ContentNotFoundError
+    from krill.store.cid import digest_to_cid
+
+    env = coordinator_env()
+    junk_account, _ = env.stake(1)
+    digests = [hashlib.sha256(b"stale junk %d" % n).digest() for n in range(3)]
+    junk = [env.chain.as_account(junk_account).commit(env.run_id, 0, n, d).event(Committed).commit_id
+            for n, d in enumerate(digests)]
+    ctx, indexer = env.context()
+    indexer.sync()
+    missing, release, started, get = {digest_to_cid(d) for d in digests}, threading.Event(), [], ctx.store.get
+
+    def networked_get(cid, **kwargs):
+        if cid in missing:
+            started.append(cid)
+            release.wait(8)
+            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
+        return get(cid, **kwargs)
+
+    ctx.store.get = networked_get
+    try:
+        assert ingest_module.ingest(ctx, next_version=1).pending == 3
+        assert len(started) == 1
+        report = ingest_module.ingest(ctx, next_version=10)  # versions later: every one is too stale
+        assert (report.rejected, report.reasons) == (3, {"stale": 3})
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while ctx.fetcher.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(started) == 1  # the two queued fetches were dropped, never run
+    assert ctx.fetcher.in_flight() == 0 and not any(c in ctx.fetcher for c in junk)
+    assert not any(c in ctx.content_retry for c in junk)
 
 
 def test_content_missing_at_ingest_is_retried_with_back_off_then_rejected_at_the_deadline(coordinator_env,

@@ -110,3 +110,34 @@ def test_idle_threads_end(monkeypatch):
 def test_threads_must_be_positive():
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         Fetcher(threads=0)
+
+
+def test_forget_drops_a_queued_job_and_discards_a_running_ones_result():
+    fetcher, release, started = Fetcher(threads=2), threading.Event(), []
+    fetcher.submit("lane", 1, _blocking(release, started, "running"))
+    fetcher.submit("lane", 2, _blocking(release, started, "queued"))
+    fetcher.submit("other", 3, lambda: "done")
+    fetcher.wait([3], 5)
+    deadline = time.monotonic() + 5
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fetcher.forget_where(lambda key: key in (1, 2, 3))
+    assert 2 not in fetcher and 3 not in fetcher and fetcher.take(3) is None
+    assert 1 in fetcher  # still running: not queued again meanwhile
+    release.set()
+    deadline = time.monotonic() + 5
+    while 1 in fetcher and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 1 not in fetcher and fetcher.take(1) is None and fetcher.in_flight() == 0
+    assert started == ["running"]  # the forgotten queued job never ran
+    assert fetcher._done == {} and fetcher._abandoned == set()
+
+
+def test_a_result_nobody_takes_is_dropped_after_keep_s(monkeypatch):
+    fetcher = Fetcher(threads=1)
+    fetcher.submit("lane", "old", lambda: b"x" * 1000)
+    fetcher.wait(["old"], 5)
+    monkeypatch.setattr(fetcher_module, "KEEP_S", 0.0)
+    fetcher.submit("lane", "new", lambda: "new")
+    fetcher.wait(["new"], 5)
+    assert "old" not in fetcher and fetcher.take("old") is None

@@ -131,6 +131,9 @@ class FakeReplayer:
     def __init__(self, *args):
         pass
 
+    def forget_fetches(self, commit_id):
+        pass
+
     def replay(self, job, randomness, shard=None):
         FakeReplayer.shards.append(shard)
         if FakeReplayer.ok:

@@ -93,6 +93,9 @@ class FakeReplayer:
     def __init__(self, *args):
         pass
 
+    def forget_fetches(self, commit_id):
+        pass
+
     def replay(self, job, randomness, shard=None):
         FakeReplayer.replays += 1
         return ReplayResult(True, "passed", [check_record("signature", True, "ok", {}, 0.001 * FakeReplayer.replays)])
