@@ -14,10 +14,13 @@ Design decisions:
   trust (`krill.coordinator.standing`). The commit ids stay public (fail count at quorum, not
   slashed), and `krill audit` replays them with the same arbiter to judge the refusal.
 - Content the coordinator cannot fetch is the worker's fault once the commit is older than the
-  run's deadline (`spec.version.deadline_s`, by its block's time), as at ingest, or once ingest
-  rejected it as unavailable; before that the decision waits for a later pass. The age is the
-  commit's own, not ingest's reason: ingest rejects most commits of missing content as stale or
-  jailed before their deadline, and those were never slashed, and replayed on every pass.
+  run's deadline (`spec.version.deadline_s`, by its block's time), as at ingest, or once its
+  challenge window has closed (the verifiers waited all of it; the worker's stake is released
+  `unbondingBlocks` after that, whatever the deadline's wall-clock length); before that the
+  decision waits for a later pass. The age is the commit's own, not ingest's reason: ingest
+  rejects most commits of missing content as stale or jailed before their deadline, and those
+  were never slashed. A commit ingest once found unavailable is still fetched and replayed: its
+  content may have come since, and a false quorum on it is refuted like any other.
 - The content is fetched on the fetch threads (`ctx.fetcher`, the worker's lane), and a pass waits
   at most `PASS_WAIT_S` for it: on a networked store a fetch of content nobody has waits out the
   store's timeout (60 s on Kubo), and N such commits at quorum held every pass N x 60 s.
@@ -34,8 +37,8 @@ from sqlalchemy import BigInteger, Float, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from krill.coordinator.journal import CoordinatorBase
-from krill.db.models import Commit, Contribution, RejectionCode
-from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
+from krill.db.models import Commit
+from krill.errors import ContentNotFoundError, IntegrityError, PayloadError, StoreError, StoreUnavailableError
 from krill.protocol.arbiter import arbitrate, verdict
 
 
@@ -64,18 +67,16 @@ def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
     from krill.coordinator.ingest import CommitView, expected_context, fetch_content, validated
     from krill.db.models import ChainEventRow
     from krill.store.fetcher import PASS_WAIT_S
+    from krill.store.unixfs import ObjectTooLargeError
 
     with ctx.db.session() as s:
         c = s.get(Commit, commit_id)
-        row = s.get(Contribution, commit_id)
         block_time = s.scalar(select(ChainEventRow.block_time).where(
             ChainEventRow.kind == "Committed", ChainEventRow.commit_id == commit_id))
     if c is None:
         return Confirmation(None, "not in the index yet")
     if c.worker_key is None:
         return Confirmation(True, "the worker had no staked Ed25519 key when it committed")
-    if row is not None and row.reason_code == RejectionCode.UNAVAILABLE:
-        return Confirmation(True, f"content unavailable after the deadline: {row.reason}")
     view = CommitView(commit_id, c.worker, int(c.version), c.header_digest, c.worker_key, block_time, False,
                       int(c.nonce))
     key = ("confirm", commit_id)
@@ -93,12 +94,22 @@ def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
         contribution = validated(ctx, header_bytes, files, expected, lengths)
     except PayloadError as exc:
         return Confirmation(True, f"payload: {type(exc).__name__}: {exc}")
+    except ObjectTooLargeError as exc:  # larger than the size the worker signed
+        return Confirmation(True, f"payload: too large: {exc}")
     except (ContentNotFoundError, IntegrityError) as exc:
         waited = None if block_time is None else now - block_time
         if waited is not None and waited > ctx.spec.version.deadline_s:
             return Confirmation(True, f"content still missing {waited:.0f} s after the commit (deadline "
                                       f"{ctx.spec.version.deadline_s:g} s): {type(exc).__name__}: {exc}")
+        window_end = int(c.block_number) + ctx.spec.chain.challenge_window_blocks
+        if ctx.chain.block_number() > window_end:
+            return Confirmation(True, f"content still missing after the commit's challenge window closed (block "
+                                      f"{window_end}): {type(exc).__name__}: {exc}")
         return Confirmation(None, f"content not fetched yet ({type(exc).__name__}); deciding on a later pass")
+    except StoreUnavailableError:
+        raise  # the loop backs off
+    except StoreError as exc:  # this coordinator's store failing (a 5xx): decide on a later pass
+        return Confirmation(None, f"store fault ({exc}); deciding on a later pass")
     failed, detail = verdict(arbitrate(ctx.spec, ctx.task, ctx.tokenizer, contribution, ctx.state))
     return Confirmation(failed, detail)
 

@@ -54,7 +54,7 @@ from krill.db.models import (
     Participant,
     RejectionCode,
 )
-from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
+from krill.errors import ContentNotFoundError, IntegrityError, PayloadError, StoreError, StoreUnavailableError
 from krill.payload import errors as pe
 from krill.phases import phase
 from krill.rl.staleness import rollout_lag_problem
@@ -265,6 +265,11 @@ def decide(ctx, commit: CommitView, now: float) -> Outcome:
                                                       f"(deadline {ctx.spec.version.deadline_s:g} s): {message}")
         _missed(ctx, commit.commit_id)
         return Outcome(ContributionStatus.PENDING, reason=f"waiting for content: {type(exc).__name__}")
+    except StoreUnavailableError:
+        raise  # the loop backs off
+    except StoreError as exc:  # this coordinator's store failing (a 5xx): never the worker's, retried
+        _missed(ctx, commit.commit_id)
+        return Outcome(ContributionStatus.PENDING, reason=f"store fault, retrying: {str(exc)[:200]}")
     lag = rollout_lag_problem(contribution.header.model_version, contribution.header.behaviour_version,
                               ctx.spec.staleness.max_staleness)
     if lag is not None:

@@ -18,6 +18,11 @@ Design decisions:
   the DAG is read block by block (`block/get`) and walked by `read_file` (`iter_file`), which checks every block
   against its CID, as the blockstore-backed stores read every file. Such DAGs cost one request a
   block; a Kubo that returned wrong bytes is caught by the walk, which refuses its blocks.
+- `cat` refusing a DAG with an error of its own (HTTP 500: "this dag node is a directory", a node
+  it cannot decode) sends the read to the same block walk, which names what is wrong with the
+  blocks (`MalformedBlockError`): whoever signed that CID is at fault, not the store, and a plain
+  `StoreError` would have read as this node's own failure (a verifier retries it until the window
+  closes instead of failing the worker).
 - Kubo's `timeout` option bounds how long the daemon looks for content on the network; an answer
   that it could not find it becomes `ContentNotFoundError`, an unreachable daemon
   `StoreUnavailableError`.
@@ -139,8 +144,13 @@ class KuboStore(ContentStore):
             if raw_block_cid(data) != cid:
                 raise IntegrityError(f"Kubo returned {len(data)} bytes for {cid} that do not hash to it")
             return data
-        data = self._stream("cat", {"arg": cid, "length": limit + 1, "timeout": timeout}, limit)
-        if file_cid(data) == cid:
+        try:
+            data = self._stream("cat", {"arg": cid, "length": limit + 1, "timeout": timeout}, limit)
+        except (ContentNotFoundError, StoreUnavailableError, ObjectTooLargeError):
+            raise
+        except StoreError:  # Kubo refused the DAG itself ("this dag node is a directory", a node it cannot
+            data = None    # decode): the walk below decides, and names what is wrong with the worker's blocks
+        if data is not None and file_cid(data) == cid:
             return data
         # Another DAG layout (CIDv0, dag-pb leaves, ...), or wrong bytes: walk it, checking each block.
         return read_file(lambda block: self._stream("block/get", {"arg": block, "timeout": timeout},

@@ -129,6 +129,72 @@ def test_content_never_uploaded_is_slashed_after_the_deadline_though_ingest_foun
     assert env.chain.commit_of(junk_id).slashed and env.chain.stake_of(a3.address).jailed
 
 
+def test_content_ingest_found_unavailable_but_there_now_is_replayed_before_a_slash(coordinator_env):
+    """The honest content came after ingest's deadline (rejected as unavailable, not folded); one verifier
+    then attests a false FAIL. The coordinator fetches and replays it, and refuses to slash."""
+    import time
+
+    from krill.coordinator.confirm import confirm_failure
+    from krill.coordinator.ingest import ingest
+
+    env = coordinator_env()
+    account, who = env.stake(1)
+    liar, _ = env.stake(10)
+    header, files = env.produce(who, nonce=0)
+    commit_id = env.commit(account, header)  # committed; the content is uploaded late
+    ctx, indexer = env.context()
+    indexer.sync()
+    later = time.time() + ctx.spec.version.deadline_s + 1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ingest(ctx, 1, now=later)
+        with ctx.db.session() as s:
+            row = s.get(Contribution, commit_id)
+        if row is not None and row.reason_code == RejectionCode.UNAVAILABLE:
+            break
+        time.sleep(0.2)
+    assert row.reason_code == RejectionCode.UNAVAILABLE, (row.status, row.reason)
+    env.upload(header, files)
+    env.chain.as_account(liar).attest(commit_id, False, hashlib.sha256(b"made-up evidence").digest())
+    indexer.sync()
+    deadline = time.monotonic() + 30
+    while (got := confirm_failure(ctx, commit_id, later)).confirmed is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert got.confirmed is False, got.detail  # refuted by the replay, not slashed on ingest's old verdict
+
+
+def test_content_still_missing_when_the_window_closes_is_confirmed_whatever_the_deadline(coordinator_env):
+    """The worker's stake is released `unbondingBlocks` after its commit's window: a wall-clock deadline
+    longer than that must not keep the coordinator from confirming content that never came."""
+    import time
+
+    from krill.chain.rpc import mine
+    from krill.coordinator.confirm import confirm_failure
+
+    env = coordinator_env()
+    account, who = env.stake(1)
+    verifier, _ = env.stake(10)
+    junk, _ = env.produce(who, nonce=0)
+    junk_id = env.commit(account, junk)  # never uploaded
+    env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
+    ctx, indexer = env.context()
+    indexer.sync()
+
+    def decided():
+        """confirm_failure once the content's fetch has finished (it runs on the fetch threads)."""
+        deadline = time.monotonic() + 30
+        while "still being fetched" in (got := confirm_failure(ctx, junk_id, time.time())).detail \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return got
+
+    first = decided()
+    assert first.confirmed is None and "not fetched yet" in first.detail  # within the window and the deadline
+    mine(env.chain.w3, ctx.spec.chain.challenge_window_blocks + 1)
+    got = decided()
+    assert got.confirmed is True and "challenge window closed" in got.detail, got.detail
+
+
 def test_only_verdicts_of_selected_verifiers_count_towards_trust(coordinator_env):
     """Anyone staked may attest, so a worker's own verifiers could pass its commits; only the verdict of a
     verifier the commit's sealed randomness selected moves trust."""

@@ -29,6 +29,7 @@ class KuboLikeHandler(BaseHTTPRequestHandler):
     store: LocalStore
     pins: set
     tamper = False
+    refuse_cat: str | None = None  # Kubo's own error for a DAG `cat` cannot read
     seen: list
 
     def log_message(self, *args):
@@ -71,6 +72,8 @@ class KuboLikeHandler(BaseHTTPRequestHandler):
                 cid = self.store.put_block(data)
                 self._reply(200, json.dumps({"Key": cid, "Size": len(data)}).encode())
             elif command in ("cat", "block/get"):
+                if command == "cat" and self.refuse_cat:
+                    return self._error(self.refuse_cat)
                 if command == "cat":
                     data = self.store.get(params["arg"])
                     if "length" in params:
@@ -182,6 +185,22 @@ def test_cid_v0_content_from_plain_ipfs_add_is_read_and_verified(kubo, size):
         handler.tamper = False
         with pytest.raises(ObjectTooLargeError):
             store.get(root, max_bytes=size - 1)
+
+
+def test_a_dag_kubo_refuses_to_cat_is_the_signers_fault_not_the_stores(kubo):
+    """A worker names a UnixFS directory where a file belongs: Kubo's `cat` answers HTTP 500. That was a
+    plain StoreError, which reads as this node's own failure; the block walk names the blocks' fault."""
+    from krill.store.cid import dag_pb_cid
+    from krill.store.unixfs import MalformedBlockError, encode_dag_pb, encode_unixfs
+
+    store, handler = kubo
+    directory = encode_dag_pb([], encode_unixfs(1, None, 0, []))  # UnixFS type 1: a directory
+    cid = dag_pb_cid(directory)
+    handler.store._write_block(cid, directory)
+    handler.refuse_cat = "this dag node is a directory"
+    with pytest.raises(MalformedBlockError, match="not a file"):
+        store.get(cid)
+    assert [c for c, _ in handler.seen] == ["cat", "block/get"]
 
 
 def test_caps_and_errors(kubo):
