@@ -168,7 +168,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     event UnbondingBlocksSet(uint256 blocks);
     /// @notice `account` staked `amount` more as `role`; `staked` is its new staked balance.
     event Staked(address indexed account, uint8 indexed role, uint256 amount, uint256 staked, bytes32 ed25519PublicKey);
-    /// @notice `account` moved `amount` into unbonding; all of it is released at `releaseBlock`.
+    /// @notice `account` moved `amount` into unbonding; all of it is released at `releaseBlock` (unless a later
+    ///         commit of the account moves that, `ReleaseDelayed`).
     event UnstakeRequested(address indexed account, uint256 amount, uint256 unbonding, uint256 releaseBlock);
     /// @notice A commit (`commitId`) of `account` while stake was unbonding moved its release to `releaseBlock`.
     event ReleaseDelayed(address indexed account, uint256 indexed commitId, uint256 releaseBlock);
@@ -304,7 +305,8 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     /// @param admin Receives DEFAULT_ADMIN_ROLE and RUN_ADMIN_ROLE.
     /// @param minimumWorkerStake Minimum staked balance of an eligible worker.
     /// @param minimumVerifierStake Minimum staked balance of an eligible verifier.
-    /// @param unbondingBlocks_ Blocks between requestUnstake and withdraw (at least 1).
+    /// @param unbondingBlocks_ Blocks from an unstake request, or from the close of the account's latest commit's
+    ///        challenge window if that is later, to the release (at least 1).
     constructor(
         IERC20 token_,
         address admin,
@@ -334,7 +336,7 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
     }
 
     /// @notice Set the unbonding period. Only DEFAULT_ADMIN_ROLE.
-    /// @dev Must exceed every run's challenge window; applies to requests made afterwards.
+    /// @dev Must exceed every run's challenge window; applies to requests and commits made afterwards.
     /// @param blocks New unbonding period in blocks.
     function setUnbondingBlocks(uint256 blocks) external onlyRole(DEFAULT_ADMIN_ROLE) {
         if (blocks <= _maxChallengeWindow || blocks == 0) revert ProtocolUnbondingTooShort(blocks, _maxChallengeWindow);
@@ -663,7 +665,7 @@ contract KrillProtocol is AccessControl, ReentrancyGuard {
         return _token;
     }
 
-    /// @notice Blocks between an unstake request and its release.
+    /// @notice Blocks from an unstake request (or the close of the latest commit's window, if later) to its release.
     function unbondingBlocks() external view returns (uint256) {
         return _unbondingBlocks;
     }

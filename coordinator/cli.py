@@ -84,9 +84,9 @@ def run_cmd(shards_text: str | None) -> None:
                 delay = min(delay * 2, section.max_backoff_s)
                 click.echo(f"waiting {delay:.1f} s: {type(exc).__name__}: {exc}", err=True)
                 time.sleep(delay)
+        depth = config.chain.confirmations_on(ctx.chain_id, ctx.spec.chain.challenge_window_blocks)
         indexer = Indexer(ctx.chain, ctx.db, ctx.store, start_block=config.chain.deploy_block,
-                          confirmations=config.chain.confirmations_on(ctx.chain_id), latest_logs=True,
-                          content_in_sync=False)
+                          confirmations=depth, latest_logs=True, content_in_sync=False)
         options = LoopOptions(poll_interval_s=section.poll_interval_s, max_backoff_s=section.max_backoff_s,
                               eval_every=section.eval_every, max_versions=section.max_versions)
         click.echo(f"coordinating run {ctx.run_hex[:16]}… ({ctx.spec.name}, task {ctx.spec.task}, "

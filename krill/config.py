@@ -87,16 +87,22 @@ class ChainConfig(_Section):
     confirmations: int | None = Field(None, ge=0, le=64, description=(
         "Blocks an event must be buried under before it is acted on; unset: 0 on a local devnet (chain id "
         f"{', '.join(map(str, DEVNET_CHAIN_IDS))}), {LIVE_CONFIRMATIONS} on any other chain, whose blocks can be "
-        "reorganised (the index and the verifiers do not detect a reorg of a block they already read)."))
+        "reorganised (the index and the verifiers do not detect a reorg of a block they already read), and "
+        "at most an eighth of the run's challenge window for the roles that know it."))
     request_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one JSON-RPC request.")
     retries: int = Field(5, ge=0, le=50, description="Retries of a transient RPC failure, with exponential back-off.")
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to poll for new blocks and receipts.")
 
-    def confirmations_on(self, chain_id: int) -> int:
-        """`confirmations`, or its default on chain `chain_id` where unset."""
+    def confirmations_on(self, chain_id: int, window_blocks: int | None = None) -> int:
+        """`confirmations`, or its default on chain `chain_id` where unset: a role that knows the run's
+        challenge window (`window_blocks`) waits at most an eighth of it, since every block waited is one
+        less to replay, attest and corroborate in (a verdict attested late in the window reaches the
+        other verifiers `confirmations` blocks later)."""
         if self.confirmations is not None:
             return self.confirmations
-        return 0 if chain_id in DEVNET_CHAIN_IDS else LIVE_CONFIRMATIONS
+        if chain_id in DEVNET_CHAIN_IDS:
+            return 0
+        return LIVE_CONFIRMATIONS if window_blocks is None else max(1, min(LIVE_CONFIRMATIONS, window_blocks // 8))
 
     @field_validator("rpc_url")
     @classmethod

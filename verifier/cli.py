@@ -113,7 +113,8 @@ def _run(config, bar, max_attestations: int | None) -> None:
     who = Who(chain_id=chain_id, contract=chain.address, address=identity.address,
               key=identity.ed25519_public_key, engine=f"{spec.engine} (torch {torch.__version__}, cpu, float32)")
     settings = LoopSettings(poll_interval_s=config.verifier.poll_interval_s, max_backoff_s=config.verifier.max_backoff_s,
-                            confirmations=config.chain.confirmations_on(chain_id),
+                            confirmations=config.chain.confirmations_on(chain_id,
+                                                                        spec.chain.challenge_window_blocks),
                             devnet_mine_after_s=2.0 if chain_id in DEVNET_CHAIN_IDS else None)
     loop = VerifierLoop(chain, store, spec, state, who, settings, echo=echo, calibration=config.verifier.calibration)
     try:

@@ -326,7 +326,12 @@ class VerifierLoop:
                 evidence, why = fetched.result(), ""
             except StoreUnavailableError:
                 raise  # this verifier's own store: the loop backs off, and the document is fetched again
-            except (StoreError, ValueError) as exc:  # missing, or not an evidence document
+            except StoreError as exc:  # missing (maybe still on its way): not remembered, a later try asks again
+                self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} cannot "
+                          f"be read ({type(exc).__name__}: {str(exc)[:160]}); recomputing only this verifier's own "
+                          "shard")
+                return None
+            except ValueError as exc:  # not an evidence document: final
                 evidence, why = None, f"cannot be read ({type(exc).__name__}: {str(exc)[:160]})"
         if why:
             self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} {why}; "

@@ -25,7 +25,7 @@ Design decisions:
   blocks checks it under the write lock anyway (and follows the database's value where another
   indexer, or a hand, moved it), so reading it again before every pass only cost a write
   transaction (1.5 ms a pass, 9 ms a version in the coordinator's demo).
-- `latest_logs` (the coordinator's indexer, confirmations 0): a pass asks for the logs from the
+- `latest_logs` (the coordinator's indexer, where confirmations are 0: a devnet): a pass asks for the logs from the
   cursor up to `latest` in one request and moves the cursor past the newest block that has one, so
   the head read before it is skipped (`eth_blockNumber`: 6 ms a pass, 37 ms a version on the
   loaded demo machine). Blocks up to that one are complete: a node resolves `latest` to one block

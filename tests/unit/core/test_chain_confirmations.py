@@ -12,3 +12,9 @@ def test_unset_confirmations_depend_on_the_chain_and_a_set_value_always_wins():
     assert LIVE_CONFIRMATIONS > 0
     for chosen in (0, 3):
         assert {ChainConfig(confirmations=chosen).confirmations_on(c) for c in (31337, 1)} == {chosen}
+
+
+def test_a_role_that_knows_the_window_waits_at_most_an_eighth_of_it():
+    unset = ChainConfig()
+    assert [unset.confirmations_on(1, window) for window in (40, 80, 2000, 4)] == [5, 10, LIVE_CONFIRMATIONS, 1]
+    assert unset.confirmations_on(31337, 40) == 0 and ChainConfig(confirmations=20).confirmations_on(1, 40) == 20
