@@ -36,6 +36,7 @@ import os
 import tempfile
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ def flatfs_key(cid: str) -> str:
     return base64.b32encode(b"\x12\x20" + digest).decode("ascii").rstrip("=")
 
 
+MAX_DOWNLOADS = 64  # downloads waiting for content at once; more are refused as not found
+
+
+@dataclass
+class _Download:
+    """One running library download of a CID, and what it left (`_download_job`)."""
+
+    thread: threading.Thread
+    result: int | None = None
+    size: int = 0
+    error: BaseException | None = None
+
+
 class EmbeddedKuboStore(BlockBackedStore):
     """A Kubo node running in this process; see the module docstring."""
 
@@ -90,6 +104,8 @@ class EmbeddedKuboStore(BlockBackedStore):
         self._closed = False
         self._blocks = self.repo / "blocks"
         self._tmp = self.repo / "krill-tmp"
+        self._downloads: dict[str, _Download] = {}
+        self._downloads_lock = threading.Lock()
         with _lock:
             if str(self.repo) not in _open_repos:
                 self._start(swarm_addresses or ["/ip4/127.0.0.1/tcp/0"])
@@ -190,18 +206,48 @@ class EmbeddedKuboStore(BlockBackedStore):
         return super()._get(cid, limit)
 
     def _download(self, cid: str, limit: int) -> None:
-        fd, name = tempfile.mkstemp(dir=self._tmp, prefix="download.")
-        os.close(fd)
+        """Fetch `cid` into the repo from connected peers, waiting at most `timeout_s`. The library call
+        cannot be cancelled and waits for ever on content nobody has: one download thread per CID (a retry
+        waits on the one running), at most `MAX_DOWNLOADS` of them, each removing its own temporary file
+        when the call returns. A thread per try used to pile up for good, one per retry of each junk CID,
+        and a download that finished after its caller gave up left its whole file behind."""
+        with self._downloads_lock:
+            running = self._downloads.get(cid)
+            if running is None:
+                if len(self._downloads) >= MAX_DOWNLOADS:
+                    raise ContentNotFoundError(f"{MAX_DOWNLOADS} downloads are still waiting for content nobody "
+                                               f"delivered; {cid} is not fetched now")
+                running = _Download(threading.Thread(target=self._download_job, args=(cid,), name="kubo-download",
+                                                     daemon=True))
+                self._downloads[cid] = running
+                running.thread.start()
+        running.thread.join(self.timeout_s)
+        if running.thread.is_alive():
+            raise ContentNotFoundError(f"no connected peer delivered {cid} within {self.timeout_s}s")
+        if running.error is not None:
+            raise running.error
+        if running.result != 0:
+            raise ContentNotFoundError(f"Kubo could not fetch {cid} (code {running.result})")
+        if running.size > limit:
+            raise ObjectTooLargeError(f"{cid} is {running.size} bytes, over the limit of {limit}")
+
+    def _download_job(self, cid: str) -> None:
+        with self._downloads_lock:
+            mine = self._downloads[cid]
+        name = None
         try:
-            result = self._bounded(lambda: self._kubo.Download(_c(self.repo), _c(cid), _c(name)),
-                                   f"no connected peer delivered {cid}")
-            if result != 0:
-                raise ContentNotFoundError(f"Kubo could not fetch {cid} (code {result})")
-            if os.path.getsize(name) > limit:
-                raise ObjectTooLargeError(f"{cid} is {os.path.getsize(name)} bytes, over the limit of {limit}")
+            fd, name = tempfile.mkstemp(dir=self._tmp, prefix="download.")
+            os.close(fd)
+            mine.result = self._kubo.Download(_c(self.repo), _c(cid), _c(name))
+            mine.size = os.path.getsize(name)
+        except BaseException as exc:  # handed to the waiting caller
+            mine.error = exc
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
+            if name is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
+            with self._downloads_lock:
+                self._downloads.pop(cid, None)
 
     def _bounded(self, call, what: str) -> Any:
         """Run a blocking library call in a thread; give up after `timeout_s`."""

@@ -55,3 +55,29 @@ def test_two_nodes_exchange_by_cid(tmp_path):
     assert result == {"sha256": expected, "size": 6_000_000, "header": "signed header bytes"}
     # the fetching node now holds the blocks in its own repo, under Kubo's flatfs layout
     assert any((tmp_path / "b" / "blocks").rglob("*.data"))
+
+
+def test_retries_of_content_nobody_has_share_one_download_thread(tmp_path):
+    """The library's download cannot be cancelled and waits for ever on content nobody has: a thread per
+    try used to pile up for good (one per retry of each junk CID, about 20 per junk commit in a role)."""
+    import threading
+    import time
+
+    from krill.errors import ContentNotFoundError
+    from krill.store.cid import file_cid
+    from krill.store.embedded_kubo import EmbeddedKuboStore
+
+    store = EmbeddedKuboStore(tmp_path / "ipfs", timeout_s=0.3)
+    try:
+        cid = file_cid(b"a digest nobody uploaded")
+        for _ in range(4):
+            started = time.monotonic()
+            with pytest.raises(ContentNotFoundError, match="no connected peer delivered"):
+                store.get(cid, max_bytes=1 << 20)
+            assert time.monotonic() - started < 5
+        assert sum(t.name == "kubo-download" for t in threading.enumerate()) == 1
+        assert list(store._downloads) == [cid]
+        downloads = [p for p in (tmp_path / "ipfs" / "krill-tmp").iterdir() if p.name.startswith("download.")]
+        assert len(downloads) == 1  # the running download's own file, removed by it when the call returns
+    finally:
+        store.close()
