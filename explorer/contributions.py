@@ -79,9 +79,16 @@ def evidence_detail(session: Session, digest: str, store) -> dict[str, Any]:
     commit = session.get(Commit, verdicts[0]["commit_id"])
     view = evidence_view(store, digest)
     if view["available"]:
-        doc = view["document"]
+        from krill.db.models import IndexMeta
+
+        doc, meta = view["document"], session.get(IndexMeta, 1)
         consistent = all(doc.get("commit_id") == v["commit_id"] and doc.get("verifier") == v["verifier"]
                          and doc.get("ok") == v["ok"] for v in verdicts)
+        # The commit it names must be the one on-chain: same run, same header, this chain and contract
+        # (a document copied from another commit or deployment agrees on id, verifier and outcome alone).
+        consistent = consistent and commit is not None and meta is not None and (
+            doc.get("run_id"), doc.get("header_digest"), doc.get("chain_id"), str(doc.get("contract", "")).lower()
+        ) == (commit.run_id, commit.header_digest, meta.chain_id, meta.protocol.lower())
         view["matches_chain"] = consistent
     return {"evidence_digest": digest, "verdicts": verdicts,
             "worker": commit.worker if commit else None, "evidence": view}

@@ -21,6 +21,7 @@ from krill.db.models import (
     Eval,
     FetchStatus,
     Header,
+    IndexMeta,
     Metric,
     Participant,
     RejectionCode,
@@ -108,6 +109,7 @@ def fill_index_world(url: str, workdir: Path) -> SimpleNamespace:
     record = _record("bafkreimanifest1")
     record_cid = publish_record(store, record)
     with open_database(url) as db, db.write() as s:
+        s.add(IndexMeta(id=1, chain_id=31337, protocol="0x" + "44" * 20, start_block=0, next_block=100))
         s.add(Run(run_id=RUN, coordinator="0x" + "99" * 20, base_manifest_digest="00" * 32, max_staleness=2,
                   attestation_quorum=1, slash_fraction_bps=5000, verifier_bounty_bps=2000, check_probability_ppm=100_000,
                   challenge_window_blocks=2000, reward_per_version=10 * TOKEN, reward_pool=19_980 * TOKEN,

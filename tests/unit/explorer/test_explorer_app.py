@@ -175,6 +175,26 @@ def test_slashed_worker_links_to_its_evidence(world):
     assert data["evidence"]["cid"] == world.evidence_cid
 
 
+def test_evidence_naming_another_commits_header_does_not_agree_with_the_chain(explorer_world):
+    """Same commit id, verifier and outcome, but the document's header is not the committed one (a document
+    copied from another commit or deployment): it used to read as agreeing with the chain."""
+    from sqlalchemy import update
+
+    from krill.db.models import Commit
+    from krill.db.session import open_database
+
+    with open_database(explorer_world.url) as db, db.write() as s:
+        s.execute(update(Commit).where(Commit.commit_id == 2).values(header_digest="77" * 32))
+    db = open_read_only(explorer_world.url)
+    try:
+        client = Client(ExplorerApp(db, explorer_world.store, AuditStatus(explorer_world.audit), page_size=10,
+                                    max_page_size=20))
+        _, data = client.json(f"/api/evidence/{explorer_world.evidence_digest}")
+        assert data["evidence"]["available"] and data["evidence"]["matches_chain"] is False
+    finally:
+        db.close()
+
+
 def test_participant_lists(world):
     _, forger = world.client.json(f"/api/participants/{world.forger}")
     assert forger["jailed"] and forger["contributions"]["rejected"] == 1
