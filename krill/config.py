@@ -335,6 +335,17 @@ def _field_types(dotted: str) -> list[Any]:
             for t in _members(model.model_fields[parts[-1]].annotation) if t is not type(None)]
 
 
+def _admits_none(dotted: str) -> bool:
+    """Whether the field at `dotted` may be None (its default or `none` / `null` in an override)."""
+    parts = [p for p in dotted.split(".") if p]
+    if len(parts) != 2 or parts[0] not in KrillConfig.model_fields:
+        return False
+    sections = [m for m in _members(KrillConfig.model_fields[parts[0]].annotation)
+                if isinstance(m, type) and issubclass(m, BaseModel)]
+    return any(parts[1] in m.model_fields and type(None) in _members(m.model_fields[parts[1]].annotation)
+               for m in sections)
+
+
 def _is_text(kind: Any) -> bool:
     if get_origin(kind) is Literal:
         return all(isinstance(v, str) for v in get_args(kind))
@@ -346,6 +357,8 @@ def _parse_value(dotted: str, text: str) -> Any:
     kinds = _field_types(dotted)
     if kinds and SecretStr in kinds:
         return text
+    if text.strip().lower() in ("none", "null") and _admits_none(dotted):
+        return None  # TOML has no null: the only way to clear an optional field (e.g. worker.max_per_version)
     try:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:

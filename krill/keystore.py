@@ -15,6 +15,7 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -161,10 +162,18 @@ def read_info(path: Path) -> KeystoreInfo:
 
 
 def list_keystores(directory: Path | None = None) -> list[KeystoreInfo]:
+    """The Krill keystores in `directory`; other JSON files there (a wallet export, say) are skipped with a
+    warning, not an error that made every key command fail."""
     directory = directory or keys_dir()
     if not directory.is_dir():
         return []
-    return [read_info(p) for p in sorted(directory.glob("*.json"))]
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            found.append(read_info(path))
+        except KeystoreError as exc:
+            logging.getLogger(__name__).warning("skipping %s: %s", path, exc)
+    return found
 
 
 def resolve_keystore(path_or_name: str | Path | None, directory: Path | None = None) -> Path:

@@ -138,3 +138,12 @@ def test_readme_config_examples_validate(tmp_path):
         path = tmp_path / f"readme-{i}.toml"
         path.write_text(text, encoding="utf-8")
         load_config(path, environ={})
+
+
+def test_an_optional_field_is_cleared_by_none_or_null_and_a_password_stays_verbatim():
+    """TOML has no null: `worker.max_per_version` ("None: no limit") could not be set to None at all."""
+    cfg = load_config(None, ["worker.max_per_version=none", "keystore.password=none"],
+                      environ={"KRILL_CHAIN__CONFIRMATIONS": "null"})
+    assert cfg.worker.max_per_version is None and cfg.chain.confirmations is None
+    assert cfg.keystore.password.get_secret_value() == "none"
+    assert load_config(None, ["worker.max_per_version=3"], environ={}).worker.max_per_version == 3

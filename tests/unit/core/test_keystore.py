@@ -5,7 +5,7 @@ import pytest
 from nacl.signing import VerifyKey
 
 from krill.errors import KeystoreError, WrongPasswordError
-from krill.keystore import KdfCost, create_keystore, list_keystores, resolve_keystore, unlock
+from krill.keystore import KdfCost, create_keystore, list_keystores, read_info, resolve_keystore, unlock
 
 
 def test_create_unlock_sign(tmp_path):
@@ -62,6 +62,9 @@ def test_resolve_and_list(tmp_path):
         resolve_keystore(None, tmp_path)
     assert resolve_keystore("b", tmp_path).name == "b.json"
     assert [i.name for i in list_keystores(tmp_path)] == ["a", "b"]
-    (tmp_path / "junk.json").write_text("{}")
+    (tmp_path / "junk.json").write_text("{}")  # a wallet export, say: skipped, not an error for every key command
+    assert [i.name for i in list_keystores(tmp_path)] == ["a", "b"]
     with pytest.raises(KeystoreError, match="not a Krill keystore"):
-        list_keystores(tmp_path)
+        read_info(tmp_path / "junk.json")
+    (tmp_path / "b.json").unlink()
+    assert resolve_keystore(None, tmp_path) == a.path  # still the only keystore there is
