@@ -197,37 +197,52 @@ def test_a_coordinator_serving_some_shards_rejects_contributions_that_carry_none
     assert "carries gradients for shards [0] only; this coordinator serves shards [1]" in rows[carries_0].reason
 
 
+def _commit_junk(env, account, label: bytes, n: int) -> tuple[list[int], set[str]]:
+    """`n` commits by `account` of digests of content nobody has: (commit ids, the CIDs of that content)."""
+    from krill.chain.events import Committed
+    from krill.store.cid import digest_to_cid
+
+    digests = [hashlib.sha256(label + b" %d" % i).digest() for i in range(n)]
+    ids = [env.chain.as_account(account).commit(env.run_id, 0, i, d).event(Committed).commit_id
+           for i, d in enumerate(digests)]
+    return ids, {digest_to_cid(d) for d in digests}
+
+
+def _networked(ctx, missing: set[str]):
+    """Make `ctx.store` look for the `missing` CIDs as a networked store does for content nobody has: until
+    its timeout (here: until `release` is set), then not found. Returns (release, the CIDs asked for)."""
+    import threading
+
+    from krill.errors import ContentNotFoundError
+
+    release, started, get = threading.Event(), [], ctx.store.get
+
+    def networked_get(cid, **kwargs):
+        if cid in missing:
+            started.append(cid)
+            release.wait(8)
+            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
+        return get(cid, **kwargs)
+
+    ctx.store.get = networked_get
+    return release, started
+
+
 def test_junk_commits_hold_one_fetch_thread_of_their_workers_lane_not_the_pass(coordinator_env):
     """A worker committing digests of content nobody has: on a networked store each such fetch waits out
     the store's timeout. Its fetches queue in its own lane, one at a time, and a pass waits at most
     FETCH_WAIT_S, so an honest commit made after them is accepted by the first pass."""
-    import threading
-
-    from krill.chain.events import Committed
     from krill.coordinator import ingest as ingest_module
-    from krill.errors import ContentNotFoundError
-    from krill.store.cid import digest_to_cid
 
     env = coordinator_env()
     (junk_account, _), (honest_account, honest) = env.stake(1), env.stake(2)
-    digests = [hashlib.sha256(b"junk %d" % n).digest() for n in range(4)]
-    junk = [env.chain.as_account(junk_account).commit(env.run_id, 0, n, d).event(Committed).commit_id
-            for n, d in enumerate(digests)]
+    junk, missing = _commit_junk(env, junk_account, b"junk", 4)
     header, files = env.produce(honest, nonce=0)
     env.upload(header, files)
     honest_id = env.commit(honest_account, header)
     ctx, indexer = env.context()
     indexer.sync()
-    missing, release, started, get = {digest_to_cid(d) for d in digests}, threading.Event(), [], ctx.store.get
-
-    def networked_get(cid, **kwargs):
-        if cid in missing:
-            started.append(cid)
-            release.wait(8)  # the store looking for content nobody has, until its timeout
-            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
-        return get(cid, **kwargs)
-
-    ctx.store.get = networked_get
+    release, started = _networked(ctx, missing)
     try:
         report = ingest_module.ingest(ctx, next_version=1)
         assert (report.accepted, report.pending) == (1, 4)
@@ -249,30 +264,14 @@ def test_commits_decided_while_their_fetches_run_leave_nothing_held(coordinator_
     """Junk commits rejected as stale while their fetches were queued or running: the queued ones never run,
     the running one's result is discarded, and no back-off entry outlives the decision. Before, every such
     result (a whole payload, or its exception) and back-off entry stayed for the coordinator's lifetime."""
-    import threading
-
-    from krill.chain.events import Committed
     from krill.coordinator import ingest as ingest_module
-    from krill.errors import ContentNotFoundError
-    from krill.store.cid import digest_to_cid
 
     env = coordinator_env()
     junk_account, _ = env.stake(1)
-    digests = [hashlib.sha256(b"stale junk %d" % n).digest() for n in range(3)]
-    junk = [env.chain.as_account(junk_account).commit(env.run_id, 0, n, d).event(Committed).commit_id
-            for n, d in enumerate(digests)]
+    junk, missing = _commit_junk(env, junk_account, b"stale junk", 3)
     ctx, indexer = env.context()
     indexer.sync()
-    missing, release, started, get = {digest_to_cid(d) for d in digests}, threading.Event(), [], ctx.store.get
-
-    def networked_get(cid, **kwargs):
-        if cid in missing:
-            started.append(cid)
-            release.wait(8)
-            raise ContentNotFoundError(f"the store found no {cid} within its timeout")
-        return get(cid, **kwargs)
-
-    ctx.store.get = networked_get
+    release, started = _networked(ctx, missing)
     try:
         assert ingest_module.ingest(ctx, next_version=1).pending == 3
         assert len(started) == 1

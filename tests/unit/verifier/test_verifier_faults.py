@@ -284,14 +284,10 @@ class FlakyStore:
         return cid
 
 
-@pytest.mark.parametrize("fault", [
-    pytest.param(StoreUnavailableError("cannot reach Kubo at http://127.0.0.1:5001 (connection refused)"),
-                 id="store-unreachable"),
-    pytest.param(StoreError("Kubo block/get failed with HTTP 500: internal error"), id="kubo-5xx"),
-])
-def test_the_verifiers_own_store_failing_late_in_the_window_is_never_the_workers_fault(tmp_path, monkeypatch, fault):
-    """Its own store down in the last quarter of the window used to become an 'unavailable' FAIL of the
-    honest worker, kept across the evidence upload's failure and attested once the store came back."""
+def _late_in_the_window(tmp_path, monkeypatch):
+    """(loop, its store, chain, state): commit 7 of an honest header, the real Replayer over a `FlakyStore`
+    (stopped after the signature by the fake run data), the head past `unavailable_after` (a missing
+    payload would now be attested)."""
     header = _honest_header()
     store = FlakyStore(header)
     replayer = _replayer(header)
@@ -302,9 +298,21 @@ def test_the_verifiers_own_store_failing_late_in_the_window_is_never_the_workers
     spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
                                                              check_probability_ppm=1_000_000))
     chain = FakeChain()
-    chain.head = COMMIT_BLOCK + WINDOW - 5  # past `unavailable_after`: a missing payload would now be attested
+    chain.head = COMMIT_BLOCK + WINDOW - 5
     loop = VerifierLoop(chain, store, spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
                         LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    return loop, store, chain, state
+
+
+@pytest.mark.parametrize("fault", [
+    pytest.param(StoreUnavailableError("cannot reach Kubo at http://127.0.0.1:5001 (connection refused)"),
+                 id="store-unreachable"),
+    pytest.param(StoreError("Kubo block/get failed with HTTP 500: internal error"), id="kubo-5xx"),
+])
+def test_the_verifiers_own_store_failing_late_in_the_window_is_never_the_workers_fault(tmp_path, monkeypatch, fault):
+    """Its own store down in the last quarter of the window used to become an 'unavailable' FAIL of the
+    honest worker, kept across the evidence upload's failure and attested once the store came back."""
+    loop, store, chain, state = _late_in_the_window(tmp_path, monkeypatch)
     store.fault = fault
     for _ in range(3):
         try:
@@ -320,19 +328,7 @@ def test_the_verifiers_own_store_failing_late_in_the_window_is_never_the_workers
 def test_an_unavailable_verdict_is_not_kept_across_a_fault_while_attesting(tmp_path, monkeypatch):
     """The payload was missing late in the window, then the evidence upload failed: the retry fetches again
     instead of attesting the kept 'unavailable' verdict against a payload that is there by then."""
-    header = _honest_header()
-    store = FlakyStore(header)
-    replayer = _replayer(header)
-    replayer.store = store
-    monkeypatch.setattr(loop_module, "Replayer", lambda *args: replayer)
-    state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
-    state.add_jobs([Job(7, WORKER, 3, 0, hashlib.sha256(header).digest(), COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
-    spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
-                                                             check_probability_ppm=1_000_000))
-    chain = FakeChain()
-    chain.head = COMMIT_BLOCK + WINDOW - 5
-    loop = VerifierLoop(chain, store, spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
-                        LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    loop, store, chain, state = _late_in_the_window(tmp_path, monkeypatch)
     missing = ContentNotFoundError("Kubo at http://127.0.0.1:5001 did not answer block/get within 60.0s")
     store.get = lambda cid, max_bytes=None: (_ for _ in ()).throw(missing)
     store.fault = StoreError("Kubo block/put failed with HTTP 502: bad gateway")  # the evidence upload
