@@ -14,7 +14,9 @@ Design decisions:
   block (`published_block`, 0), which only ever adds the pool held a few transactions earlier.
 - Fail counts are the largest `failCount` an `Attested` event of the commit reported: a cheap way
   to find the few commits that reached a quorum; the checks then read those commits' views, which
-  are authoritative (`AuditSource.commit`).
+  are authoritative (`AuditSource.commit`). The failing verdicts' evidence digests and each
+  `Slashed` event (its block and amount) are kept too: a slash is judged by when it landed and by
+  what the verdicts behind it claimed.
 """
 
 from __future__ import annotations
@@ -32,13 +34,22 @@ class RunHistory:
     pool: list[tuple[Point, int]] = field(default_factory=list)  # (where, pool after) for each change, in order
     settlements: dict[int, list] = field(default_factory=lambda: defaultdict(list))  # version -> VersionSettled
     credits: dict[int, list] = field(default_factory=lambda: defaultdict(list))  # version -> RewardCredited
+    failing_evidence: dict[int, list[bytes]] = field(default_factory=lambda: defaultdict(list))  # commit -> digests
+    slashes: dict[int, object] = field(default_factory=dict)  # commit id -> its Slashed event
 
     @classmethod
     def read(cls, chain, run_id: bytes, from_block: int) -> RunHistory:
-        from krill.chain.events import Attested, Committed, RewardCredited, RewardsFunded, VersionSettled
+        from krill.chain.events import (
+            Attested,
+            Committed,
+            RewardCredited,
+            RewardsFunded,
+            Slashed,
+            VersionSettled,
+        )
 
         history, commits, fails, pool = cls(), set(), {}, 0
-        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled)
+        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed)
         events = sorted(chain.events(from_block=from_block, kinds=kinds), key=lambda e: (e.block_number, e.log_index))
         for event in events:
             where = (event.block_number, event.log_index)
@@ -48,6 +59,10 @@ class RunHistory:
                 history.first_commits[key] = min(history.first_commits.get(key, event.commit_id), event.commit_id)
             elif isinstance(event, Attested):
                 fails[event.commit_id] = max(fails.get(event.commit_id, 0), int(event.fail_count))
+                if not event.ok:
+                    history.failing_evidence[event.commit_id].append(bytes(event.evidence_digest))
+            elif isinstance(event, Slashed):
+                history.slashes[event.commit_id] = event
             elif isinstance(event, RewardsFunded) and event.run_id == run_id:
                 pool = int(event.reward_pool)
                 history.pool.append((where, pool))
@@ -58,6 +73,8 @@ class RunHistory:
             elif isinstance(event, RewardCredited) and event.run_id == run_id:
                 history.credits[int(event.version)].append(event)
         history.fail_counts = {c: n for c, n in fails.items() if c in commits}
+        history.failing_evidence = defaultdict(list, {c: d for c, d in history.failing_evidence.items() if c in commits})
+        history.slashes = {c: e for c, e in history.slashes.items() if c in commits}
         return history
 
     def pool_at(self, point: Point) -> int:

@@ -28,7 +28,12 @@ Design decisions:
     verdicts (`coordinator/confirm.py`); the audit replays each due commit left unslashed with the
     same checks (`krill.audit.refusals`) and the row fails naming those whose refusal the replay
     does not justify (a check fails, the payload does not validate, or it cannot be read), and
-    passes listing the declined commits whose replay passes.
+    passes listing the declined commits whose replay passes. A due commit that is slashed is
+    judged too (`judge_slash`): the slash must land before the stake behind the commit could leave
+    (a coordinator shielding its worker could otherwise wait for the withdrawal, then slash
+    nothing), and when the audit's replay passes every check, some failing verdict's evidence must
+    say the content was unavailable (else honest work was slashed on a false quorum, which
+    one staked verifier and the coordinator could otherwise do to any worker).
 - The run's parameters (quorum, challenge window, reward per version) are the chain's, which the
   contract enforces. Events come from one scan (`AuditSource.history`); a due commit is re-read from
   the contract's view, which is authoritative.
@@ -159,6 +164,10 @@ def check_slashing(source: AuditSource, version: int) -> tuple[bool, str]:
             unslashed.append(commit_id)
     span = (f"their challenge windows closed in blocks {start}..{end - 1}, before version {version - 1} was "
             f"published")
+    wrongly = [why for c in due if c not in unslashed and (why := judge_slash(source, c, window)) is not None]
+    if wrongly:
+        return False, (f"{_n(len(wrongly), 'commit')} due here ({span}) {'was' if len(wrongly) == 1 else 'were'} "
+                       f"slashed wrongly: {'; '.join(wrongly)}")
     judged = {c: judge_refusal(source, c) for c in unslashed}
     unjustified = [c for c in unslashed if not judged[c].justified]
     refused = [c for c in unslashed if judged[c].justified]
@@ -176,3 +185,47 @@ def check_slashing(source: AuditSource, version: int) -> tuple[bool, str]:
                       f"{slashed}{declined}")
     return True, (f"no commit reached the quorum of {quorum} failing verdicts with its window closing in blocks "
                   f"{start}..{end - 1}")
+
+
+def judge_slash(source: AuditSource, commit_id: int, window: int) -> str | None:
+    """Why the slash of `commit_id` (due, slashed) fails the audit, or None when it stands.
+
+    It must land before the stake behind the commit could leave: the contract releases a worker's
+    unbonding stake `unbondingBlocks` after its latest commit's window closes at the earliest, and a
+    slash after that may take nothing (the coordinator shielding its worker by waiting). And it must
+    have grounds: the audit replays the commit as for a declined slash (`judge_refusal`); when the
+    replay passes every check, the only ground an honest coordinator has is content that stayed
+    unavailable, so some failing verdict's evidence must say `unavailable` (the audit cannot see when
+    content appeared: a worker slashed for withholding may upload it afterwards)."""
+    commit = source.commit(commit_id)
+    event = source.history.slashes.get(commit_id)
+    if event is not None:
+        leave = int(commit.commit_block) + window + int(source.chain.unbonding_blocks())
+        if int(event.block_number) >= leave:
+            return (f"commit {commit_id} was slashed at block {event.block_number}, when the stake behind it could "
+                    f"already have left (from block {leave}); the slash took {event.amount}")
+    judged = judge_refusal(source, commit_id)
+    if judged.justified is not True:
+        return None  # the replay fails it, or cannot tell: the slash stands
+    reasons = failing_reasons(source, commit_id)
+    if "unavailable" in reasons:
+        return None
+    named = ", ".join(sorted(set(reasons))) or "none the audit could read"
+    return (f"commit {commit_id} was slashed, but the audit's replay passes every check and no failing verdict "
+            f"said its content was unavailable (their evidence names: {named})")
+
+
+def failing_reasons(source: AuditSource, commit_id: int) -> list[str]:
+    """The `reason` of each readable failing verdict's evidence document about `commit_id`."""
+    from krill.payload.canonical import parse_canonical
+    from krill.store.cid import digest_to_cid
+
+    reasons = []
+    for digest in source.history.failing_evidence.get(commit_id, []):
+        try:
+            doc = parse_canonical(source.store.get(digest_to_cid(digest), max_bytes=1 << 20), 1 << 20, "evidence")
+        except DATA_ERRORS:
+            continue
+        if isinstance(doc, dict) and doc.get("commit_id") == commit_id and isinstance(doc.get("reason"), str):
+            reasons.append(doc["reason"])
+    return reasons

@@ -262,3 +262,35 @@ def test_the_audit_judges_a_declined_slash_by_the_coordinators_replay(coordinato
     assert "passes every check" in judged["honest"].detail
     assert judged["forged"].justified is False and "the replay fails it at rewards:" in judged["forged"].detail
     assert judged["withheld"].justified is None and "cannot replay it: not available" in judged["withheld"].detail
+
+
+def test_the_audit_judges_a_slash_by_its_grounds(coordinator_env):
+    """A dishonest coordinator and one staked verifier can jail honest work (quorum 1): the audit used to
+    count any slashed commit as done right. (Its timing is judged in tests/unit/audit.)"""
+    from krill.audit.ledger import judge_slash
+    from krill.audit.source import AuditSource
+    from krill.payload.canonical import canonical_json
+
+    env = coordinator_env()
+    (honest, w_honest), (late, w_late), (cheat, w_cheat) = env.stake(1), env.stake(2), env.stake(3)
+    (liar, _), (verifier, _) = env.stake(10), env.stake(11)
+    window = env.spec.chain.challenge_window_blocks
+
+    def slashed_after(account, who, reason: str, forge: bool = False) -> int:
+        header, files = env.produce(who, nonce=0, forge_rewards=forge)
+        env.upload(header, files)
+        commit_id = env.commit(account, header)
+        evidence = canonical_json({"commit_id": commit_id, "reason": reason, "ok": False})
+        env.store.put_block(evidence, pin=True)
+        env.chain.as_account(liar if reason == "gradient" else verifier).attest(
+            commit_id, False, hashlib.sha256(evidence).digest())
+        env.chain.slash(commit_id)
+        return commit_id
+
+    framed = slashed_after(honest, w_honest, "gradient")  # on the coordinator's own verifier's word
+    withheld_then_uploaded = slashed_after(late, w_late, "unavailable")
+    forged = slashed_after(cheat, w_cheat, "rewards", forge=True)
+    source = AuditSource(env.chain, env.store, env.spec)
+    assert "no failing verdict said its content was unavailable" in judge_slash(source, framed, window)
+    assert judge_slash(source, withheld_then_uploaded, window) is None  # the audit cannot tell when it came
+    assert judge_slash(source, forged, window) is None  # the replay fails it at rewards

@@ -109,6 +109,9 @@ class FakeChain:
     def version_of(self, run_id, version: int) -> VersionInfo:
         return self.versions.get(version, VersionInfo(ZERO32, ZERO32, 0, False))
 
+    def unbonding_blocks(self) -> int:
+        return 50
+
     def run_of(self, run_id) -> RunInfo:
         return RunInfo(exists=True, params=self.params, latest_version=max(self.versions), reward_pool=self.pool,
                        created_block=1)

@@ -14,7 +14,7 @@ from audit_fakes import COORDINATOR, World, entry
 from krill.audit import audit_versions
 from krill.protocol.rewards import reward_split
 
-A, B = "0x" + "0a" * 20, "0x" + "0b" * 20
+A, B, C = "0x" + "0a" * 20, "0x" + "0b" * 20, "0x" + "0c" * 20
 ACCEPTED = [entry(1, weight="0.5", worker=A), entry(2, weight="0.25", worker=B), entry(3, weight="0.125", worker=A)]
 
 
@@ -164,3 +164,33 @@ def test_a_declined_slash_the_replay_justifies_passes_and_is_named(tmp_path, mon
     row = _row(audit_versions(world.source(), [3])[0], "slashing")
     assert row.ok, row.detail
     assert "2 commits reached the quorum of 1 failing verdicts" in row.detail and ": 1 slashed; 1 commit declined" in row.detail
+
+
+def test_a_slash_after_the_stake_could_leave_or_without_grounds_fails(tmp_path, monkeypatch):
+    """A coordinator shielding its worker waits until the stake behind the commit can leave, then slashes
+    (nothing); one framing a worker slashes honest work on its own verifier's word. Both used to pass."""
+    from krill.audit import ledger
+    from krill.audit.refusals import Judgement
+
+    world = World(tmp_path)
+    chain = world.chain
+    chain.params = dataclasses.replace(chain.params, challenge_window_blocks=5, attestation_quorum=1)
+    world.publish(1, block=110)
+    late, framed, fair = (chain.commit(w, 1, 0, bytes([i]) * 32, block=111) for i, w in enumerate((A, B, C), 1))
+    for commit in (late, framed, fair):
+        chain.attest(commit, False)
+    for version, block in ((2, 130), (3, 140)):
+        world.publish(version, block=block)
+    judgements = {late: Judgement(False, "the replay fails it at rewards"), fair: Judgement(False, "fails"),
+                  framed: Judgement(True, "the replay passes every check (the failing verdicts were false)")}
+    monkeypatch.setattr(ledger, "judge_refusal", lambda source, commit_id: judgements[commit_id])
+    leave = 111 + 5 + chain.unbonding_blocks()
+    chain.slash(late, block=leave)
+    chain.slash(framed)
+    chain.slash(fair, block=leave - 1)  # the last block before the stake could leave: in time
+    row = _row(audit_versions(world.source(), [3])[0], "slashing")
+    assert not row.ok and "2 commits due here" in row.detail and "were slashed wrongly" in row.detail, row.detail
+    assert f"commit {late} was slashed at block {leave}, when the stake behind it could already have left" in row.detail
+    assert (f"commit {framed} was slashed, but the audit's replay passes every check and no failing verdict said "
+            "its content was unavailable") in row.detail
+    assert f"commit {fair} " not in row.detail
