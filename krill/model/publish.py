@@ -17,6 +17,11 @@ Design decisions:
   those that were sharded, and re-sharding the assembled directory gives the same manifest.
 - `publish_update` makes the next version from a parent: only the shards given are replaced,
   the rest keep their CIDs (a worker re-downloads only what changed).
+- A base model (`publish_model_dir` at version 0) is published in float32: its bf16 / fp16 / fp8
+  floating tensors are widened (exactly) and `config.json`'s dtype says float32. Every version keeps
+  its parent's dtypes and the fold steps a float32 copy, so a bf16 base rounded each version's
+  update back to bf16: a step under half a bf16 ulp was lost every version (RMSNorm weights near
+  1.0 never moved, nor almost anything at lr 1e-6), while the record reported the update.
 
 Public API:
     read_model_dir(directory) -> (tensors, architecture, aux_files)
@@ -150,9 +155,23 @@ def publish_model(store, tensors: dict, architecture: dict[str, Any], aux_files:
 
 def publish_model_dir(store, directory: str | Path, num_shards: int, version: int = 0,
                       parent: str | None = None) -> tuple[Manifest, str]:
-    """`publish_model` of a local HF model directory."""
+    """`publish_model` of a local HF model directory (a base model, version 0, in float32: module docstring)."""
     tensors, architecture, aux = read_model_dir(directory)
+    if version == 0:
+        tensors, architecture = widened_to_float32(tensors, architecture)
     return publish_model(store, tensors, architecture, aux, num_shards, version=version, parent=parent)
+
+
+def widened_to_float32(tensors: dict, architecture: dict[str, Any]) -> tuple[dict, dict[str, Any]]:
+    """Floating tensors narrower than float32 widened to it (exact), and the config's dtype to match."""
+    import torch
+
+    narrow = {t for t in (torch.float16, torch.bfloat16, getattr(torch, "float8_e4m3fn", None),
+                          getattr(torch, "float8_e5m2", None)) if t is not None}
+    if not any(t.dtype in narrow for t in tensors.values()):
+        return tensors, architecture
+    wide = {n: t.to(torch.float32) if t.dtype in narrow else t for n, t in tensors.items()}
+    return wide, {**architecture, **{k: "float32" for k in ("torch_dtype", "dtype") if k in architecture}}
 
 
 def publish_update(store, parent: Manifest, parent_cid: str, shard_tensors: dict[int, dict],

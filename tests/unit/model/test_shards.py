@@ -12,6 +12,7 @@ from krill.model.build import load_model
 from krill.model.publish import (
     assemble_model_dir,
     fetch_shard,
+    fetch_tensors,
     load_manifest,
     load_version,
     publish_model_dir,
@@ -119,3 +120,27 @@ def test_config_json_in_assembled_dir_parses(tiny_dir, store, tmp_path):
     manifest, _ = publish_model_dir(store, tiny_dir, 2)
     out = assemble_model_dir(store, manifest, tmp_path / "o")
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 4
+
+
+def test_a_bf16_base_model_is_published_in_float32(tiny_dir, store, tmp_path):
+    """The fold steps a float32 copy and every version keeps its parent's dtypes: a bf16 base rounded each
+    version's update back to bf16, losing any step under half a bf16 ulp."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(tiny_dir, bf16)
+    weights = bf16 / "model.safetensors"
+    save_file({n: t.to(torch.bfloat16) for n, t in load_file(str(weights)).items()}, str(weights))
+    config = json.loads((bf16 / "config.json").read_text())
+    config["torch_dtype"] = "bfloat16"
+    (bf16 / "config.json").write_text(json.dumps(config))
+    manifest, _ = publish_model_dir(store, bf16, 2)
+    assert {p.dtype for s in manifest.shards for p in s.parameters} == {"F32"}
+    assert manifest.architecture["torch_dtype"] == "float32"
+    narrow = load_file(str(weights))
+    fetched = fetch_tensors(store, manifest)
+    assert all(torch.equal(fetched[n], narrow[n].to(torch.float32)) for n in narrow)  # widened exactly
