@@ -6,7 +6,12 @@ Design decisions:
   bias-corrected moments, optional clipping of the shard's global gradient norm) rather than a
   wrapped `torch.optim.AdamW` whose state layout is keyed by parameter objects.
 - Deterministic: names are processed in sorted order with fixed float32 ops on CPU, so a
-  version recomputed from its parent, the aggregate and this state is bit-identical.
+  version recomputed from its parent, the aggregate and this state is bit-identical, on any CPU.
+  Every product is rounded on its own (`m * b1 + g * (1 - b1)`, never `add_(g, alpha=)` or
+  `addcmul_`/`addcdiv_`): torch's AVX2/AVX-512 kernels fuse those into multiply-adds and its generic
+  kernel does not, so the weights, the state and `update_norm` differed in the last bits between
+  the coordinator's machine and an auditor's (`krill audit` then failed honest versions). The state
+  format is `krill-adamw/2` since then; a `/1` state (the fused arithmetic) is refused by name.
 - `state_bytes()` / `load_state_bytes()` serialise moments and the step counter with
   safetensors (the config is in the metadata and checked on load), so a coordinator restart or
   an auditor resumes exactly.
@@ -23,6 +28,8 @@ from safetensors.torch import save as st_save
 
 from krill.errors import KrillError, PayloadError
 from krill.payload.canonical import loads_bounded
+
+STATE_FORMAT = "krill-adamw/2"
 
 
 class OptimizerError(KrillError, ValueError):
@@ -76,12 +83,12 @@ class ShardAdamW:
             p = self.params[n]
             g = grads[n].to(torch.float32) * scale
             m, v = self.exp_avg[n], self.exp_avg_sq[n]
-            m.mul_(c.beta1).add_(g, alpha=1.0 - c.beta1)
-            v.mul_(c.beta2).addcmul_(g, g, value=1.0 - c.beta2)
+            m.mul_(c.beta1).add_(g * (1.0 - c.beta1))  # each product rounded on its own: see the module docstring
+            v.mul_(c.beta2).add_(g * g * (1.0 - c.beta2))
             if c.weight_decay:
                 p.mul_(1.0 - c.lr * c.weight_decay)
             denom = (v / bias2).sqrt_().add_(c.eps)
-            p.addcdiv_(m, denom, value=-c.lr / bias1)
+            p.sub_(m / denom * (c.lr / bias1))
         return norm
 
     def momentum(self) -> dict[str, torch.Tensor]:
@@ -92,7 +99,7 @@ class ShardAdamW:
         tensors.update({f"v/{n}": t.contiguous() for n, t in self.exp_avg_sq.items()})
         # One metadata key: safetensors writes a metadata map in hash order, and the blob is
         # content-addressed, so its bytes must not vary between runs.
-        meta = {"format": "krill-adamw/1", "step": str(self.step_count), "config": self.config.model_dump_json()}
+        meta = {"format": STATE_FORMAT, "step": str(self.step_count), "config": self.config.model_dump_json()}
         return st_save(tensors, metadata={_META_KEY: json.dumps(meta, sort_keys=True)})
 
     def load_state_bytes(self, blob: bytes) -> None:
@@ -104,8 +111,12 @@ class ShardAdamW:
         except (SafetensorError, ValueError) as exc:
             raise OptimizerError(f"optimizer state: not a valid safetensors file ({exc})") from exc
         meta = _metadata(blob)
-        if meta.get("format") != "krill-adamw/1":
-            raise OptimizerError("optimizer state: not a krill-adamw/1 blob")
+        if meta.get("format") == "krill-adamw/1":
+            raise OptimizerError("optimizer state: krill-adamw/1, made by an older Krill whose AdamW arithmetic (fused "
+                                 "multiply-adds) differs in the last bits: finish that run with the build that "
+                                 "started it")
+        if meta.get("format") != STATE_FORMAT:
+            raise OptimizerError(f"optimizer state: not a {STATE_FORMAT} blob")
         try:
             config = AdamWConfig.model_validate_json(meta["config"])
         except (KeyError, ValueError) as exc:

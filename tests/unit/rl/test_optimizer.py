@@ -103,3 +103,30 @@ def test_a_malformed_state_blob_is_an_optimizer_error_and_changes_nothing():
         assert fresh.step_count == 0 and not any(t.any() for t in fresh.exp_avg.values())
     with pytest.raises(ModelError, match="not a valid safetensors file"):
         momentum_from_state(b"garbage")
+
+
+def test_each_product_is_rounded_on_its_own_so_every_cpu_gets_the_same_bits():
+    """torch's AVX2/AVX-512 kernels fuse `add_(g, alpha=)` and `addcmul_` into multiply-adds, its generic kernel
+    does not: the fold's bits differed between a coordinator's CPU and an auditor's. The step now equals the
+    unfused formula computed op by op, bit for bit (and a state of the fused arithmetic is refused by name)."""
+    import json
+
+    from safetensors.torch import save as st_save
+
+    torch.manual_seed(3)
+    cfg = AdamWConfig(lr=1e-3, weight_decay=0.01, max_grad_norm=None)
+    p, grads = {"w": torch.randn(4097)}, [torch.randn(4097) for _ in range(3)]
+    ref_p, m, v = p["w"].clone(), torch.zeros(4097), torch.zeros(4097)
+    opt = ShardAdamW(p, cfg)
+    for step, g in enumerate(grads, 1):
+        opt.step({"w": g})
+        m = m * cfg.beta1 + g * (1.0 - cfg.beta1)
+        v = v * cfg.beta2 + g * g * (1.0 - cfg.beta2)
+        ref_p = ref_p * (1.0 - cfg.lr * cfg.weight_decay)
+        denom = (v / (1.0 - cfg.beta2 ** step)).sqrt() + cfg.eps
+        ref_p = ref_p - m / denom * (cfg.lr / (1.0 - cfg.beta1 ** step))
+    assert torch.equal(p["w"], ref_p) and torch.equal(opt.exp_avg["w"], m) and torch.equal(opt.exp_avg_sq["w"], v)
+    old = st_save({"m/w": m, "v/w": v}, metadata={"krill-adamw": json.dumps(
+        {"format": "krill-adamw/1", "step": "3", "config": cfg.model_dump_json()})})
+    with pytest.raises(OptimizerError, match="krill-adamw/1, made by an older Krill"):
+        ShardAdamW({"w": torch.zeros(4097)}, cfg).load_state_bytes(old)
