@@ -49,8 +49,9 @@ def shared_note(r: dict) -> str | None:
     runs = r["runs"]
     cpus = r["machine"]["usable_cpus"] or 1
     others = [x["other_cores_busy"] for x in runs if x["other_cores_busy"] is not None]
-    high_load = [x for x in runs if x["load_start"] > cpus]
-    if not high_load and not any(o > SHARED_CORES for o in others):
+    # Measured during the runs only: the 1-minute load average at a run's start still counts the demos
+    # `bench rl` ran just before, and said "shared" of an idle machine.
+    if not any(o > SHARED_CORES for o in others):
         return None
     mean_others = f"{sum(others) / len(others):.2f}" if others else "unknown"
     return (f"The machine was shared with other work: other processes used {mean_others} of {cpus} cores on "
@@ -150,9 +151,16 @@ def _protocol_md(r: dict) -> list[str]:
                      f"{d['seconds']:.0f} s{setup}")
     lines += ["", "Protocol time: the coordinator's own clock between publications, less its evaluations, summed from "
               "version 1's publication (version 1's seconds are mostly the workers' start-up, left out as TRL's "
-              "set-up is), up to the first of its evaluations (500 held-out prompts, every few versions) at or "
-              "above the target; the median over demos (a demo that never got there counts as slowest) against "
-              "TRL's median training time to the same target.", ""]
+              "set-up is; its own training step is charged as an ordinary version), up to the first of its "
+              "evaluations (500 held-out prompts, every few versions) at or above the target; the version after "
+              "each evaluation is charged at least an ordinary version's seconds (the workers computed while the "
+              "coordinator evaluated); the median over demos (a demo that never got there counts as slowest) "
+              "against TRL's median training time to the same target.", "",
+              "Not like for like, in the protocol's disfavour and favour: each demo's roles (workers, verifiers, "
+              "coordinator, chain, store) run as separate processes on all the machine's cores, while TRL and "
+              "`krill train local` run in one process on one torch thread; and a demo version folds the "
+              "contributions of every honest worker (the prompts per version above), TRL's step "
+              f"{_trl_prompts(r.get('settings') or {})}.", ""]
     lines += _target_table(demos, p["time_to"], trl and trl["time_to"], "time_to", "{:.0f}")
     if "crossing" not in p:  # results written before the figure existed
         return lines + [""]
@@ -161,6 +169,13 @@ def _protocol_md(r: dict) -> list[str]:
               "evaluation interval, a demo's every few versions (10 by default) and TRL's every few seconds of training.", ""]
     lines += _target_table(demos, p["crossing"], trl and trl.get("crossing", {}), "crossing", "{:.1f}")
     return lines + [""]
+
+
+def _trl_prompts(settings: dict) -> str:
+    """TRL's prompts per step (`prompts_per_worker` x `workers` of the in-process runs)."""
+    if "prompts_per_worker" in settings and "workers" in settings:
+        return f"{settings['prompts_per_worker'] * settings['workers']} prompts"
+    return "its own batch"
 
 
 def _target_table(demos: list[dict], medians: dict, trl_times: dict | None, key: str, fmt: str) -> list[str]:

@@ -90,17 +90,20 @@ def _demo_db(path, rows: list, evals: list):
 
 def test_protocol_times_sum_the_coordinators_clock_from_version_one_less_evaluation(tmp_path):
     # Version 1 (set-up: the workers' start-up) has no clock reading; version 3's whole block seconds
-    # stand in for a missing one; version 2 and 4 spent part of their seconds evaluating.
+    # stand in for a missing one; version 2 and 4 spent part of their seconds evaluating. Net of the
+    # evaluations: 2.0, 4.0, 1.0 s; an ordinary version (not right after an evaluated one: 2 and 4) is
+    # the median 1.5 s, charged for version 1's own step; version 3 follows an evaluation and is charged
+    # at least that (4.0 s already is).
     rows = [(1, 26.0, None), (2, 3.0, {"clock_seconds": 2.5, "phases": {"eval": 0.5}}), (3, 4.0, {"phases": {}}),
             (4, 1.0, {"clock_seconds": 1.25, "phases": {"eval": 0.25, "index": 0.1}})]
     db = _demo_db(tmp_path / "krill.db", rows, [(0, 0.2), (2, 0.35), (4, 0.45)])
     p = protocol_times(db, (0.3, 0.4, 0.5))
-    assert p["versions"] == 4 and p["seconds"] == 7.0
+    assert p["versions"] == 4 and p["seconds"] == 8.5
     assert p["setup_seconds"] == 26.0 and p["eval_seconds"] == 0.75
-    assert p["curve"] == [[0, 0.0, None, 0.2], [2, 2.0, None, 0.35], [4, 7.0, None, 0.45]]
-    assert p["time_to"] == {"0.3": 2.0, "0.4": 7.0, "0.5": None}
-    assert p["crossing"]["0.3"] == pytest.approx(2.0 * 0.1 / 0.15) and p["crossing"]["0.5"] is None
-    assert p["crossing"]["0.4"] == pytest.approx(2.0 + 5.0 * 0.5)
+    assert p["curve"] == [[0, 0.0, None, 0.2], [2, 3.5, None, 0.35], [4, 8.5, None, 0.45]]
+    assert p["time_to"] == {"0.3": 3.5, "0.4": 8.5, "0.5": None}
+    assert p["crossing"]["0.3"] == pytest.approx(3.5 * 0.1 / 0.15) and p["crossing"]["0.5"] is None
+    assert p["crossing"]["0.4"] == pytest.approx(3.5 + 5.0 * 0.5)
     assert p["contributions_per_version"] == 1 and p["prompts_per_contribution"] is None  # no spec.toml beside it
     assert p["seed"] is None and p["workers"] is None
     (tmp_path / "spec.toml").write_text("[rollout]\nprompts_per_contribution = 16\n")
@@ -124,22 +127,22 @@ def test_several_demos_give_the_median_time_and_each_demos_row(tmp_path):
            for i, (v30, v40) in enumerate([(3, 7), (5, 6), (2, 4)])]
     demos = [protocol_times(db, (0.3, 0.4, 0.5)) for db in dbs]
     p = protocol_summary(demos, (0.3, 0.4, 0.5))
-    # version v is v - 1 s after version 1's publication; a target no demo reached has no median
-    assert [d["time_to"]["0.3"] for d in demos] == [2.0, 4.0, 1.0] and p["time_to"]["0.3"] == 2.0
-    assert p["time_to"]["0.4"] == 5.0 and p["time_to"]["0.5"] is None
+    # version v is v s on the clock (version 1's own step an ordinary 1 s); a target no demo reached has no median
+    assert [d["time_to"]["0.3"] for d in demos] == [3.0, 5.0, 2.0] and p["time_to"]["0.3"] == 3.0
+    assert p["time_to"]["0.4"] == 6.0 and p["time_to"]["0.5"] is None
     assert p["reached"] == {"0.3": 3, "0.4": 3, "0.5": 0} and p["runs"] == 3
     md = "\n".join(_protocol_md({"protocol": p, "summary": {"trl": {"time_to": {"0.3": 4.0, "0.4": 4.0, "0.5": 9.0}}}}))
-    assert "## Full protocol (3 `krill demo` runs)" in md and f"- demo 2: {dbs[1]}: 7 versions in 6 s" in md
+    assert "## Full protocol (3 `krill demo` runs)" in md and f"- demo 2: {dbs[1]}: 7 versions in 7 s" in md
     demos[0].update(seed=1, workers={"honest": 3, "attacking": 0})
     seeded = "\n".join(_protocol_md({"protocol": protocol_summary(demos, (0.3,)), "summary": {"trl": None}}))
-    assert f"- demo 1: {dbs[0]} (run seed 1, 3 honest worker(s), 0 attacking): 7 versions in 6 s" in seeded
-    assert "| 30% | 2 | 4 | 1 | 2 | 4 | 0.50 |" in md and "| 40% | 6 | 5 | 3 | 5 | 4 | 1.25 |" in md
+    assert f"- demo 1: {dbs[0]} (run seed 1, 3 honest worker(s), 0 attacking): 7 versions in 7 s" in seeded
+    assert "| 30% | 3 | 5 | 2 | 3 | 4 | 0.75 |" in md and "| 40% | 7 | 6 | 4 | 6 | 4 | 1.50 |" in md
     assert "| 50% | - | - | - | - | 9 | - |" in md
     # the crossings: each demo reaches 0.3 and 0.4 exactly at an evaluation, so they read as above
-    assert p["crossing"] == {"0.3": 2.0, "0.4": 5.0, "0.5": None}
-    assert "| 30% | 2.0 | 4.0 | 1.0 | 2.0 | - | - |" in md  # a TRL summary written before the figure existed
-    md = "\n".join(_protocol_md({"protocol": p, "summary": {"trl": {"time_to": {}, "crossing": {"0.3": 1.6}}}}))
-    assert "| 30% | 2.0 | 4.0 | 1.0 | 2.0 | 1.6 | 1.25 |" in md and "| 50% | - | - | - | - | - | - |" in md
+    assert p["crossing"] == {"0.3": 3.0, "0.4": 6.0, "0.5": None}
+    assert "| 30% | 3.0 | 5.0 | 2.0 | 3.0 | - | - |" in md  # a TRL summary written before the figure existed
+    md = "\n".join(_protocol_md({"protocol": p, "summary": {"trl": {"time_to": {}, "crossing": {"0.3": 2.4}}}}))
+    assert "| 30% | 3.0 | 5.0 | 2.0 | 3.0 | 2.4 | 1.25 |" in md and "| 50% | - | - | - | - | - | - |" in md
 
 
 def test_tiny_size_writes_every_figure(tmp_path):
@@ -178,3 +181,15 @@ def test_tiny_size_without_trl_says_so(tmp_path, monkeypatch, why):
     data = json.loads((tmp_path / "rl-tiny.json").read_text())
     assert [r["system"] for r in data["runs"]] == ["krill"] and why in data["trl_note"]
     assert "TRL: skipped" in (tmp_path / "rl-tiny.md").read_text()
+
+
+def test_the_shared_note_reads_what_other_processes_used_during_the_runs_not_the_load_before():
+    """The 1-minute load average at a run's start still counts the demos `bench rl` ran just before: it said
+    'shared' of runs during which other processes used 0.01 cores."""
+    from krill.commands.bench_rl import shared_note
+
+    def result(others: float, load: float) -> dict:
+        return {"machine": {"usable_cpus": 2}, "runs": [{"other_cores_busy": others, "load_start": load}] * 3}
+
+    assert shared_note(result(0.01, 3.6)) is None
+    assert "other processes used 0.50 of 2 cores" in shared_note(result(0.5, 0.2))
