@@ -193,6 +193,38 @@ def check_replay(source: AuditSource, contribution) -> list[tuple[str, bool, str
                                                check_rewards(source.spec, task, tokenizer, header, batch))]
 
 
+# Rejection reasons the audit can check from public data: the payload's own validity, and the cheap replay.
+PAYLOAD_REASONS = frozenset({"bad_signature", "unknown_key", "digest_mismatch", "malformed_payload"})
+REPLAY_REASONS = {"wrong_assignment": "assignment", "wrong_rewards": "rewards"}
+
+
+def false_rejection(source: AuditSource, commit_id: int, worker: str, reason_code: str) -> str | None:
+    """Why a record's rejection of `commit_id` is false, or None when it stands or cannot be judged.
+
+    A payload reason stands when the payload, fetched by the on-chain digest and validated in the
+    coordinator's context, is invalid; a replay reason when that check fails (or, for an assignment,
+    when the commit reused a nonce). A payload the audit cannot read cannot be judged; the other
+    reasons (stale, jailed, unavailable, below the trust floor, no served shard) are not judged here."""
+    if reason_code not in PAYLOAD_REASONS and reason_code not in REPLAY_REASONS:
+        return None
+    commit = source.commit(commit_id)
+    nonce = int(commit.nonce)
+    if reason_code == "wrong_assignment" and source.first_commit(worker, nonce) not in (None, commit_id):
+        return None  # a reused nonce: the assignment it derives repeats an earlier commit's
+    try:
+        contribution = fetch_payload(source, worker, int(commit.version), bytes(commit.header_digest), nonce)
+    except DATA_ERRORS:  # invalid (a payload error: the rejection stands) or unreadable (it cannot be judged)
+        return None
+    if reason_code in PAYLOAD_REASONS:
+        return (f"commit {commit_id} is rejected as {reason_code}, but its payload validates in the coordinator's "
+                "context")
+    check = REPLAY_REASONS[reason_code]
+    outcome = {name: ok for name, ok, _ in check_replay(source, contribution)}
+    if outcome.get(check) is False:
+        return None
+    return f"commit {commit_id} is rejected as {reason_code}, but the audit's {check} check passes"
+
+
 def check_applied_once(source: AuditSource, version: int, entry: AcceptedEntry) -> list[str]:
     """Earlier versions that could have accepted the commit (model_version + 1 .. version - 1) did not."""
     for earlier in range(entry.model_version + 1, version):

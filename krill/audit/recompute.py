@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 
-from krill.audit.entries import audit_entry
+from krill.audit.entries import audit_entry, false_rejection
 from krill.audit.ledger import audit_ledger
 from krill.audit.report import AuditReport
 from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
@@ -114,6 +114,8 @@ def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
             continue
         if commit.run_id != source.spec.run_id or commit.worker.lower() != entry.worker:
             problems.append(f"rejected commit {entry.commit_id} is not a commit of {entry.worker} in this run")
+        elif (false := false_rejection(source, entry.commit_id, entry.worker, entry.reason_code)) is not None:
+            problems.append(false)  # an honest commit cut out of the fold and the reward on a false reason
     reasons = sorted({r.reason_code for r in record.rejected})
     report.add("entries", not problems, "; ".join(problems) or
                f"{len(accepted)} distinct accepted; {len(rejected)} rejected" + (f" ({', '.join(reasons)})" if reasons else ""))

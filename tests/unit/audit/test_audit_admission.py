@@ -92,7 +92,7 @@ class Run:
         commit_id = chain.commit(who.worker, learner, nonce if commit_nonce is None else commit_nonce, header.digest)
         return commit_id, header, files
 
-    def publish(self, chain, version, contributions, record_weight=None):
+    def publish(self, chain, version, contributions, record_weight=None, rejected=()):
         """Fold `contributions` as their record says (bar `record_weight`, the weight it claims) and publish."""
         parent = self.state(chain, version - 1)
         accepted, submissions = [], []
@@ -114,7 +114,7 @@ class Run:
                                           tokens=int(c.rollouts.n_tokens)))
         learners = {v: self.state(chain, v) for v in {s.model_version for s in submissions}}
         results = fold_version(self.spec, parent, submissions, learners)
-        content = publish_version_content(self.store, self.spec, parent, results, accepted, [], "count")
+        content = publish_version_content(self.store, self.spec, parent, results, accepted, list(rejected), "count")
         chain.publish(version, hashlib.sha256(content.manifest.canonical_bytes()).digest(), content.record.digest)
 
     def audit(self, chain, version):
@@ -232,3 +232,30 @@ def test_a_settlement_by_the_record_keeps_a_version_clean_and_paying_the_coordin
     assert first.ok and third.ok, (_failed(first), _failed(third))  # version 3: not settled, not overdue yet
     assert list(_failed(second)) == ["settlement"]
     assert f"{COORDINATOR} was paid {per_version}, the record owes it nothing" in _failed(second)["settlement"]
+
+
+@pytest.mark.parametrize(("reason", "tamper", "stands"), [
+    ("bad_signature", None, False),
+    ("malformed_payload", None, False),
+    ("wrong_rewards", None, False),
+    ("wrong_assignment", None, False),
+    ("wrong_rewards", "rewards", True),
+    ("wrong_assignment", "assignment", True),
+    ("stale", None, True),  # not judged here
+])
+def test_a_rejection_the_public_data_contradicts_fails_the_entries_check(run, reason, tamper, stands):
+    """A coordinator could cut an honest commit out of the fold and the reward under a false reason: the
+    audit used to check only that a rejected commit exists and is the named worker's."""
+    from krill.protocol.record import RejectedEntry
+
+    chain = run.chain.fork()
+    w1, w2 = run.workers
+    cid, *_ = run.contribute(chain, w2, 3, 3, tamper=tamper)
+    rejected = [RejectedEntry(commit_id=cid, worker=w2.worker, reason_code=reason, reason="says the coordinator")
+                .model_dump(mode="json")]
+    run.publish(chain, 4, [run.contribute(chain, w1, 3, 3)], rejected=rejected)
+    failed = _failed(run.audit(chain, 4))
+    if stands:
+        assert "entries" not in failed, failed
+    else:
+        assert f"commit {cid} is rejected as {reason}, but" in failed["entries"], failed
