@@ -8,8 +8,10 @@ Design decisions:
   * `weight`: staleness = version - 1 - learner version within S_max, trust a finite number in
     [0, 1] at or above the run's floor, and weight = trust x staleness weight of the run spec, a
     positive number (a weight of zero or less cannot be folded: such an entry is not folded, and the
-    recompute fails as not attempted). Trust itself is the coordinator's claim (a Beta posterior over
-    verdicts it indexed); the audit reports it and checks only its range;
+    recompute fails as not attempted). Trust is the coordinator's Beta posterior over the verdicts it
+    counted, which the audit cannot pin down; it checks that the claim is reachable
+    (`unreachable_trust`: some p passing and f failing verdicts, at most those on the worker's commits
+    before the version's publication, give exactly that value);
   * `nonce`: the commit is the run's first by its worker with its nonce. The rule is read from the
     chain's `Committed` events of the run (`AuditSource.first_commit`), so a nonce reused in a commit
     the record never mentions (rejected, or of another version) is caught as the coordinator catches it;
@@ -93,6 +95,8 @@ def check_weight(source: AuditSource, version: int, entry: AcceptedEntry) -> tup
         problems.append(f"trust {entry.trust!r} is not a number in [0, 1]")
     elif trust < spec.trust.floor:
         problems.append(f"trust {trust!r} is below the run's floor {spec.trust.floor!r}")
+    elif (unreachable := unreachable_trust(source, version, entry.worker, trust)) is not None:
+        problems.append(unreachable)
     if weight is None or weight <= 0.0:
         problems.append(f"weight {entry.weight!r} is not a finite positive number")
     try:
@@ -103,6 +107,32 @@ def check_weight(source: AuditSource, version: int, entry: AcceptedEntry) -> tup
     if not problems and not math.isclose(weight, trust * sw, rel_tol=WEIGHT_REL_TOL, abs_tol=0.0):
         problems.append(f"weight {weight!r} is not trust x staleness weight = {trust!r} x {sw!r} = {trust * sw!r}")
     return problems, (trust if trust is not None else math.nan), (weight if weight is not None else math.nan)
+
+
+def unreachable_trust(source: AuditSource, version: int, worker: str, trust: float) -> str | None:
+    """Why `trust` cannot be what the coordinator computed for `worker` at `version`, or None.
+
+    The coordinator's trust is (prior_alpha + p) / (prior_alpha + prior_beta + p + f) over the passing
+    and failing verdicts it counts (`coordinator/trust.py`): those of selected verifiers on the
+    worker's commits of the run, less refuted ones, read before the version closed. The audit cannot
+    tell which verdicts counted, but every counted one is among the `Attested` events on the worker's
+    commits before the version's publication block: p and f are at most those counts (P, F). A claim no
+    p <= P, f <= F gives (a sybil at 1.0, an honest worker held at the floor) fails."""
+    t = source.spec.trust
+    info = source.version_info(version)
+    passes, fails = source.history.verdict_counts(worker, int(info.published_block) if info is not None else 0)
+    for p in range(passes + 1):
+        alpha = t.prior_alpha + p
+        if trust <= 0.0:
+            break
+        guess = round(alpha / trust - alpha - t.prior_beta)
+        for f in (guess - 1, guess, guess + 1):
+            beta = t.prior_beta + f  # as `coordinator/trust.py` adds them, so the bits agree
+            if 0 <= f <= fails and float(alpha / (alpha + beta)) == trust:
+                return None
+    return (f"trust {trust!r} is not (prior {t.prior_alpha:g} + p) / (prior {t.prior_alpha:g} + {t.prior_beta:g} + "
+            f"p + f) for any p <= {passes} passing and f <= {fails} failing verdicts on the worker's commits before "
+            "the version's publication")
 
 
 def check_nonce(source: AuditSource, entry: AcceptedEntry) -> list[str]:

@@ -36,6 +36,7 @@ class RunHistory:
     credits: dict[int, list] = field(default_factory=lambda: defaultdict(list))  # version -> RewardCredited
     failing_evidence: dict[int, list[bytes]] = field(default_factory=lambda: defaultdict(list))  # commit -> digests
     slashes: dict[int, object] = field(default_factory=dict)  # commit id -> its Slashed event
+    verdicts: dict[str, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))  # worker -> (block, ok)
 
     @classmethod
     def read(cls, chain, run_id: bytes, from_block: int) -> RunHistory:
@@ -49,16 +50,20 @@ class RunHistory:
         )
 
         history, commits, fails, pool = cls(), set(), {}, 0
+        worker_of: dict[int, str] = {}
         kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed)
         events = sorted(chain.events(from_block=from_block, kinds=kinds), key=lambda e: (e.block_number, e.log_index))
         for event in events:
             where = (event.block_number, event.log_index)
             if isinstance(event, Committed) and event.run_id == run_id:
                 commits.add(event.commit_id)
+                worker_of[event.commit_id] = event.worker.lower()
                 key = (event.worker.lower(), int(event.nonce))
                 history.first_commits[key] = min(history.first_commits.get(key, event.commit_id), event.commit_id)
             elif isinstance(event, Attested):
                 fails[event.commit_id] = max(fails.get(event.commit_id, 0), int(event.fail_count))
+                if event.commit_id in worker_of:  # a commit of this run: committed before its verdicts
+                    history.verdicts[worker_of[event.commit_id]].append((event.block_number, bool(event.ok)))
                 if not event.ok:
                     history.failing_evidence[event.commit_id].append(bytes(event.evidence_digest))
             elif isinstance(event, Slashed):
@@ -76,6 +81,11 @@ class RunHistory:
         history.failing_evidence = defaultdict(list, {c: d for c, d in history.failing_evidence.items() if c in commits})
         history.slashes = {c: e for c, e in history.slashes.items() if c in commits}
         return history
+
+    def verdict_counts(self, worker: str, before_block: int) -> tuple[int, int]:
+        """(passing, failing) verdicts on `worker`'s commits of the run in blocks before `before_block`."""
+        seen = [ok for block, ok in self.verdicts.get(worker.lower(), []) if block < before_block]
+        return sum(seen), len(seen) - sum(seen)
 
     def pool_at(self, point: Point) -> int:
         """The pool just before `point`."""

@@ -172,7 +172,7 @@ class World:
         return AuditSource(self.chain, self.store, self.spec)
 
 
-def entry(commit_id=1, trust="0.5", weight="0.5", worker="0x" + "01" * 20):
+def entry(commit_id=1, trust="0.25", weight="0.25", worker="0x" + "01" * 20):
     """An accepted entry written by hand (its commit need not exist, nor its payload validate)."""
     return AcceptedEntry(commit_id=commit_id, worker=worker, header_digest="cd" * 32, model_version=0,
                          behaviour_version=0, staleness=0, trust=trust, weight=weight, shards=[0], mean_reward="0.0",

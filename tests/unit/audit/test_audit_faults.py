@@ -108,3 +108,23 @@ def test_a_chain_outage_is_not_a_finding_and_propagates(tmp_path):
     world.chain.version_of = down
     with pytest.raises(ChainUnavailableError):
         audit_versions(world.source(), [1])
+
+
+def test_a_trust_no_count_of_the_workers_verdicts_gives_fails_the_weight_check(tmp_path):
+    """Trust was checked only against [0, 1] and the floor: a coordinator could claim 1.0 for its sybil and
+    hold an honest worker at the floor, skewing fold and rewards. It must now be (1 + p) / (1 + 3 + p + f)
+    for some p, f no larger than the verdicts on the worker's commits before the version's publication."""
+    world = World(tmp_path)
+    chain, worker = world.chain, "0x" + "01" * 20
+    earlier = chain.commit(worker, 0, 0, b"\3" * 32, block=50)
+    for verifier in ("0x" + "e1" * 20, "0x" + "e2" * 20):
+        chain.attest(earlier, True, verifier)  # two passing verdicts before version 1 (block 101)
+    reachable = [repr(1 / 4), repr(2 / 5), repr(3 / 6)]  # p = 0, 1, 2 passes of the 2
+    world.publish(1, accepted=[_entry(1, trust=t, weight=t) for t in reachable[:1]] +
+                  [_entry(2, trust=reachable[1], weight=reachable[1]), _entry(3, trust=reachable[2], weight=reachable[2])])
+    report = audit_versions(world.source(), [1])[0]
+    assert not any(c.name.endswith("weight") for c in report.failures), _failed(report)
+    world.publish(2, accepted=[_entry(4, trust="1.0", weight="1.0"), _entry(5, trust=repr(4 / 7), weight=repr(4 / 7))])
+    failed = _failed(audit_versions(world.source(), [2])[0])
+    assert "trust 1.0 is not (prior 1 + p)" in failed["commit 4 weight"]  # a sybil's claim
+    assert "for any p <= 2 passing and f <= 0 failing" in failed["commit 5 weight"]  # 3 passes: one too many
