@@ -64,7 +64,7 @@ class Confirmation:
 
 def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
     """Replay `commit_id`'s checks; confirmed when one fails."""
-    from krill.coordinator.ingest import CommitView, expected_context, fetch_content, validated
+    from krill.coordinator.ingest import CommitView, fetched_contribution, submit_fetch
     from krill.db.models import ChainEventRow
     from krill.store.fetcher import PASS_WAIT_S
     from krill.store.unixfs import ObjectTooLargeError
@@ -79,19 +79,14 @@ def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
         return Confirmation(True, "the worker had no staked Ed25519 key when it committed")
     view = CommitView(commit_id, c.worker, int(c.version), c.header_digest, c.worker_key, block_time, False,
                       int(c.nonce))
-    key = ("confirm", commit_id)
-    if key not in ctx.fetcher:
-        expected, lengths = expected_context(ctx, view)
-        store, limits = ctx.store, ctx.spec.limits
-        ctx.fetcher.submit(view.worker, key, lambda: (*fetch_content(store, limits, expected, lengths), expected,
-                                                      lengths))
+    key = ("confirm", commit_id)  # apart from ingest's own fetch of the commit, keyed by its id
+    if submit_fetch(ctx, view, key):
         ctx.fetcher.wait([key], PASS_WAIT_S)
     fetched = ctx.fetcher.take(key)
     if fetched is None:
         return Confirmation(None, "content still being fetched; deciding on a later pass")
     try:
-        header_bytes, files, expected, lengths = fetched.result()
-        contribution = validated(ctx, header_bytes, files, expected, lengths)
+        contribution = fetched_contribution(ctx, fetched)
     except PayloadError as exc:
         return Confirmation(True, f"payload: {type(exc).__name__}: {exc}")
     except ObjectTooLargeError as exc:  # larger than the size the worker signed

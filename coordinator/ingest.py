@@ -226,11 +226,12 @@ def precheck(ctx, commit: CommitView, next_version: int) -> Outcome | None:
     return None
 
 
-def submit_fetch(ctx, commit: CommitView) -> bool:
-    """Queue the fetch of `commit`'s content in its worker's lane; False when it is already queued,
-    running or fetched. The version's facts are read here, on the coordinator's thread; the fetch
-    touches only the store."""
-    if commit.commit_id in ctx.fetcher:
+def submit_fetch(ctx, commit: CommitView, key=None) -> bool:
+    """Queue the fetch of `commit`'s content in its worker's lane, under `key` (default its commit id);
+    False when it is already queued, running or fetched. The version's facts are read here, on the
+    coordinator's thread; the fetch touches only the store. `fetched_contribution` decodes the result."""
+    key = commit.commit_id if key is None else key
+    if key in ctx.fetcher:
         return False
     expected, lengths = expected_context(ctx, commit)
     store, limits = ctx.store, ctx.spec.limits
@@ -238,7 +239,13 @@ def submit_fetch(ctx, commit: CommitView) -> bool:
     def job():
         return (*fetch_content(store, limits, expected, lengths), expected, lengths)
 
-    return ctx.fetcher.submit(commit.worker, commit.commit_id, job)
+    return ctx.fetcher.submit(commit.worker, key, job)
+
+
+def fetched_contribution(ctx, fetched):
+    """The validated contribution of a finished `submit_fetch` job; raises what fetching or validating raised."""
+    header_bytes, files, expected, lengths = fetched.result()
+    return validated(ctx, header_bytes, files, expected, lengths)
 
 
 def decide(ctx, commit: CommitView, now: float) -> Outcome:
@@ -250,8 +257,7 @@ def decide(ctx, commit: CommitView, now: float) -> Outcome:
     if fetched is None:
         return Outcome(ContributionStatus.PENDING, reason="fetching content")
     try:
-        header_bytes, files, expected, lengths = fetched.result()
-        contribution = validated(ctx, header_bytes, files, expected, lengths)
+        contribution = fetched_contribution(ctx, fetched)
         ctx.content_retry.pop(commit.commit_id, None)
     except ObjectTooLargeError as exc:
         return _reject(RejectionCode.MALFORMED_PAYLOAD, f"too large: {exc}")

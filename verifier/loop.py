@@ -316,26 +316,24 @@ class VerifierLoop:
         if self._evidence.submit((job.corroborates or "").lower(), key, lambda: load_evidence(store, cid)):
             self._evidence.wait([key], PASS_WAIT_S)
         fetched = self._evidence.take(key)
+        evidence, why, final = None, "", True
         if fetched is None:
             if self.chain.block_number() < select.unavailable_after(job.commit_block, self.window):
                 return EVIDENCE_FETCHING
             why = "still being fetched late in the window"
-            evidence = None
         else:
             try:
-                evidence, why = fetched.result(), ""
+                evidence = fetched.result()
             except StoreUnavailableError:
                 raise  # this verifier's own store: the loop backs off, and the document is fetched again
-            except StoreError as exc:  # missing (maybe still on its way): not remembered, a later try asks again
-                self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} cannot "
-                          f"be read ({type(exc).__name__}: {str(exc)[:160]}); recomputing only this verifier's own "
-                          "shard")
-                return None
-            except ValueError as exc:  # not an evidence document: final
-                evidence, why = None, f"cannot be read ({type(exc).__name__}: {str(exc)[:160]})"
+            except (StoreError, ValueError) as exc:
+                why = f"cannot be read ({type(exc).__name__}: {str(exc)[:160]})"
+                final = not isinstance(exc, StoreError)  # missing (maybe still on its way): a later try asks again
         if why:
             self.echo(f"commit {job.commit_id}  the failing evidence of {_short(job.corroborates or '')} {why}; "
                       "recomputing only this verifier's own shard")
+        if not final:
+            return None
         same = evidence is not None and (evidence.commit_id, evidence.header_digest) == (job.commit_id,
                                                                                         job.header_digest.hex())
         self._named_shards[job.commit_id] = evidence.gradient_shard if same else None
