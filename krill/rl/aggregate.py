@@ -4,7 +4,7 @@ Design decisions:
 - Rules are pydantic configs selected by `type` (a discriminated union), and the config goes
   into the aggregation record, so anyone can recompute a version with the same rule.
 - Default rule (`clip-mix-trim`): clip every update's norm to `clip_multiplier` x the median
-  norm (a scaled attacker can then do no more than a typical honest worker), nearest-neighbour
+  non-zero norm (a scaled attacker can then do no more than a typical honest worker), nearest-neighbour
   mixing (replace each update by the mean of its n - f nearest updates, NNM, Allouah et al.
   2023: it shrinks the honest spread so the trimmed mean keeps more of the signal), then a
   coordinate-wise trimmed mean removing the fraction f/n of weight at each end.
@@ -292,8 +292,17 @@ def _ordered_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def clip_norms(x: torch.Tensor, multiplier: float) -> tuple[torch.Tensor, int]:
+    """Scale every row whose norm exceeds `multiplier` x the lower median of the non-zero norms.
+
+    Zero rows (a group whose samples all scored alike has no gradient) carry no direction and
+    are left out of the median: with them in, half the submissions being zero set the limit to
+    0 and scaled every other update away, so the version learned nothing from its signal.
+    """
     norms = x.norm(dim=1)
-    limit = multiplier * torch.sort(norms).values[(len(norms) - 1) // 2]
+    nonzero = torch.sort(norms[norms > 0]).values
+    if len(nonzero) == 0:
+        return x.clone(), 0
+    limit = multiplier * nonzero[(len(nonzero) - 1) // 2]
     scale = torch.where(norms > limit, limit / norms.clamp(min=1e-300), torch.ones_like(norms))
     return x * scale.unsqueeze(1), int((norms > limit).sum())
 

@@ -13,6 +13,7 @@ from krill.rl.aggregate import (
     MedianRule,
     TrimmedMeanRule,
     aggregate,
+    clip_norms,
 )
 
 
@@ -227,3 +228,21 @@ def test_a_single_non_finite_coordinate_is_rejected(bad):
     x[5, 977] = bad
     with pytest.raises(AggregationError, match="NaN or infinity"):
         aggregate(x, torch.ones(8), ClipMixTrimRule())
+
+
+def test_zero_updates_do_not_set_the_clip_limit_to_zero():
+    # Two groups scored alike (no gradient) and two carry signal of equal norm: the signal must
+    # survive. With the zero rows in the median, the limit was 0 and the version learned nothing.
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0], [4.0, 3.0]])
+    out, stats = aggregate(x, torch.ones(4), ClipMixTrimRule())
+    assert stats.clipped == 0
+    assert torch.allclose(out, aggregate(x, torch.ones(4), MeanRule())[0])
+    assert float(out.norm()) > 0
+
+
+def test_clip_limit_is_the_median_of_the_non_zero_norms():
+    x = torch.tensor([[0.0], [1.0], [2.0], [30.0], [0.0]])
+    clipped_rows, clipped = clip_norms(x, 1.0)
+    assert clipped == 1 and clipped_rows.flatten().tolist() == [0.0, 1.0, 2.0, 2.0, 0.0]
+    zeros = torch.zeros(3, 2)
+    assert clip_norms(zeros, 1.0)[1] == 0 and bool((clip_norms(zeros, 1.0)[0] == 0).all())
