@@ -41,9 +41,7 @@ from krill.db.models import (
     Version,
 )
 from krill.errors import ContentNotFoundError, IntegrityError, PayloadError
-
-MAX_ACCEPTED_PER_VERSION = 200
-MAX_REJECTED_PER_RECORD = 100
+from krill.protocol.record import MAX_ACCEPTED_PER_VERSION, MAX_REJECTED_PER_RECORD, fitting_entries
 
 
 def closing_reason(spec, eligible: int, since_publish_s: float | None) -> str | None:
@@ -67,39 +65,6 @@ def published_at(ctx, version: int) -> float | None:
 
 def completion_tokens(rollouts) -> int:
     return int((np.diff(rollouts.offsets) - rollouts.prompt_lengths).sum())
-
-
-# Worst-case bytes of the record's parts a decision does not know yet (they come from the fold).
-RECORD_FIXED_BYTES = 4096  # run id, CIDs, rule, masks, closing reason and the keys around them
-SHARD_FIXED_BYTES = 400    # one shard's outcome without its trimmed fractions (CID, sha256, norms)
-FRACTION_BYTES = 26        # one trimmed fraction: a float64 repr in [0, 1] (<= 23 characters), quotes, comma
-
-
-def fitting_entries(accepted: list[dict], rejected: list[dict], num_shards: int) -> tuple[int, int]:
-    """(accepted, rejected): how many of each list (in order) keep the record within
-    `MAX_RECORD_BYTES` with every shard's outcome, at the worst case of each figure the fold adds.
-    Rejections take at most half of what the fixed parts leave (a 500-character reason can take
-    3 kB as JSON escapes); accepted entries take the rest, at least one."""
-    import json
-
-    from krill.protocol.record import MAX_RECORD_BYTES
-
-    def size(value) -> int:  # as AggregationRecord.encode writes it
-        return len(json.dumps(value, sort_keys=True, separators=(",", ":")))
-
-    budget = MAX_RECORD_BYTES - RECORD_FIXED_BYTES - num_shards * SHARD_FIXED_BYTES
-    n_rejected, half = 0, budget // 2
-    for entry in rejected:
-        if half - size(entry) - 1 < 0:
-            break
-        half -= size(entry) + 1
-        n_rejected += 1
-    budget -= size(rejected[:n_rejected])
-    for n, entry in enumerate(accepted):
-        budget -= size(entry) + 1 + num_shards * FRACTION_BYTES
-        if budget < 0:
-            return max(1, n), n_rejected
-    return len(accepted), n_rejected
 
 
 def accepted_entry(commit_id: int, worker: str, contribution, weighing):

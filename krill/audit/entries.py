@@ -26,8 +26,11 @@ Design decisions:
     are the assignment's; every reward is the task's). They need the validated payload: when it is
     not valid they fail as not run;
   * `applied once`: no earlier version in the staleness window accepted the same commit.
-  Not re-checked: whether the worker was jailed when the version closed (the chain keeps only the
-  current stake record).
+  Not re-checked: whether the worker was jailed when the version closed (jails come from this
+  coordinator's slashes, judged by the ledger).
+- A rejection's reason is checked where public data can bear it out or contradict it
+  (`false_rejection`): payload reasons against the payload, replay reasons against the replay,
+  and stale, jailed, slashed and below-floor against the chain before the version's publication.
 - Public data that cannot be read or decoded (`krill.audit.source.DATA_ERRORS`) fails the row that
   read it, with the reason; it never stops the audit.
 - The submission fed to the fold carries the record's weight (`float(entry.weight)`), exactly the
@@ -223,18 +226,24 @@ def check_replay(source: AuditSource, contribution) -> list[tuple[str, bool, str
                                                check_rewards(source.spec, task, tokenizer, header, batch))]
 
 
-# Rejection reasons the audit can check from public data: the payload's own validity, and the cheap replay.
+# Rejection reasons the audit can check from public data: the payload's own validity, the cheap replay,
+# and the standing and staleness rules the chain's events decide.
 PAYLOAD_REASONS = frozenset({"bad_signature", "unknown_key", "digest_mismatch", "malformed_payload"})
 REPLAY_REASONS = {"wrong_assignment": "assignment", "wrong_rewards": "rewards"}
+STANDING_REASONS = frozenset({"stale", "jailed", "slashed", "below_trust_floor"})
 
 
-def false_rejection(source: AuditSource, commit_id: int, worker: str, reason_code: str) -> str | None:
-    """Why a record's rejection of `commit_id` is false, or None when it stands or cannot be judged.
+def false_rejection(source: AuditSource, version: int, commit_id: int, worker: str, reason_code: str) -> str | None:
+    """Why record `version`'s rejection of `commit_id` is false, or None when it stands or cannot be judged.
 
     A payload reason stands when the payload, fetched by the on-chain digest and validated in the
     coordinator's context, is invalid; a replay reason when that check fails (or, for an assignment,
-    when the commit reused a nonce). A payload the audit cannot read cannot be judged; the other
-    reasons (stale, jailed, unavailable, below the trust floor, no served shard) are not judged here."""
+    when the commit reused a nonce); a standing reason when the chain bears it out before the
+    version's publication (`false_standing`). A payload the audit cannot read cannot be judged; nor
+    can `unavailable` (the audit cannot see when content appeared) or `no_served_shard` (which shards
+    a coordinator serves is its own setting)."""
+    if reason_code in STANDING_REASONS:
+        return false_standing(source, version, commit_id, worker, reason_code)
     if reason_code not in PAYLOAD_REASONS and reason_code not in REPLAY_REASONS:
         return None
     commit = source.commit(commit_id)
@@ -253,6 +262,60 @@ def false_rejection(source: AuditSource, commit_id: int, worker: str, reason_cod
     if outcome.get(check) is False:
         return None
     return f"commit {commit_id} is rejected as {reason_code}, but the audit's {check} check passes"
+
+
+def false_standing(source: AuditSource, version: int, commit_id: int, worker: str, reason_code: str) -> str | None:
+    """Why a rejection of `commit_id` in record `version` as stale, jailed, slashed or below the trust
+    floor is false, or None. The coordinator decides each before the version is published, from
+    the chain (`coordinator/ingest.py`, `coordinator/trust.py`), and each only grows harder to meet
+    with time: staleness grows as versions are published, a jail is for good, a slash stays, and the
+    lowest trust the worker's verdicts allow (no passes counted, every failure) only falls. So the
+    rejection is false when, as of the version's publication block,
+    * `stale`: the commit's learner version is within S_max of the version's parent, and its
+      rollouts (read from its header) within S_max of its learner version;
+    * `jailed`: the worker had no `WorkerJailed` event and is not jailed now (a jail is never lifted);
+    * `slashed`: the commit had no `Slashed` event;
+    * `below_trust_floor`: even counting every failing verdict on the worker's commits and no
+      passing one, its trust is at or above the run's floor."""
+    spec, info = source.spec, source.version_info(version)
+    published = int(info.published_block) if info is not None else 0
+    said = f"commit {commit_id} is rejected as {reason_code}"
+    if reason_code == "stale":
+        commit = source.commit(commit_id)
+        staleness = version - 1 - int(commit.version)
+        if staleness < 0 or staleness > spec.staleness.max_staleness:
+            return None
+        try:
+            contribution = fetch_payload(source, worker, int(commit.version), bytes(commit.header_digest),
+                                         int(commit.nonce))
+        except DATA_ERRORS:
+            return None  # unreadable or invalid: not judged (an invalid one is out of the fold either way)
+        header = contribution.header
+        if rollout_lag_problem(header.model_version, header.behaviour_version, spec.staleness.max_staleness):
+            return None
+        return (f"{said}, but its learner version {commit.version} is {staleness} behind version {version}'s parent (S_max "
+                f"{spec.staleness.max_staleness}) and its rollouts of version {header.behaviour_version} are within "
+                f"S_max of it")
+    if reason_code == "jailed":
+        jailed = source.history.jailed.get(worker.lower())
+        if jailed is not None and jailed < published:
+            return None
+        if jailed is None and source.jailed_now(worker):
+            return None  # jailed before the run began: the jail's event is older than the history's scan
+        return (f"{said}, but the worker was not jailed before version {version} was published (block {published})" +
+                (f": its jail came at block {jailed}" if jailed is not None else ""))
+    if reason_code == "slashed":
+        slash = source.history.slashes.get(commit_id)
+        if slash is not None and int(slash.block_number) < published:
+            return None
+        return f"{said}, but the commit was not slashed before version {version} was published (block {published})"
+    t = spec.trust
+    _, fails = source.history.verdict_counts(worker, published)
+    lowest = float(t.prior_alpha / (t.prior_alpha + (t.prior_beta + fails)))  # as `coordinator/trust.py` computes it
+    if lowest < t.floor:
+        return None
+    return (f"{said}, but with all {fails} failing verdicts on the worker's commits before version {version} was published "
+            f"and no passing one its trust would be {lowest!r}, not below the floor {t.floor!r}")
 
 
 def check_applied_once(source: AuditSource, version: int, entry: AcceptedEntry) -> list[str]:

@@ -17,6 +17,10 @@ Design decisions:
   are authoritative (`AuditSource.commit`). The failing verdicts' evidence digests and each
   `Slashed` event (its block and amount) are kept too: a slash is judged by when it landed and by
   what the verdicts behind it claimed.
+- Each commit's block and worker are kept (`commits`): whether every commit was named in some record
+  in time (`krill.audit.coverage`) follows from them. So is each `WorkerJailed` (the first per worker,
+  whatever the run: a stake is jailed for good, across runs), which a rejection as `jailed` must
+  follow.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class RunHistory:
     failing_evidence: dict[int, list[bytes]] = field(default_factory=lambda: defaultdict(list))  # commit -> digests
     slashes: dict[int, object] = field(default_factory=dict)  # commit id -> its Slashed event
     verdicts: dict[str, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))  # worker -> (block, ok)
+    commits: dict[int, tuple[int, str]] = field(default_factory=dict)  # commit id of the run -> (block, worker)
+    jailed: dict[str, int] = field(default_factory=dict)  # worker -> block of its WorkerJailed event
 
     @classmethod
     def read(cls, chain, run_id: bytes, from_block: int) -> RunHistory:
@@ -47,17 +53,19 @@ class RunHistory:
             RewardsFunded,
             Slashed,
             VersionSettled,
+            WorkerJailed,
         )
 
         history, commits, fails, pool = cls(), set(), {}, 0
         worker_of: dict[int, str] = {}
-        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed)
+        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed, WorkerJailed)
         events = sorted(chain.events(from_block=from_block, kinds=kinds), key=lambda e: (e.block_number, e.log_index))
         for event in events:
             where = (event.block_number, event.log_index)
             if isinstance(event, Committed) and event.run_id == run_id:
                 commits.add(event.commit_id)
                 worker_of[event.commit_id] = event.worker.lower()
+                history.commits[event.commit_id] = (event.block_number, event.worker.lower())
                 key = (event.worker.lower(), int(event.nonce))
                 history.first_commits[key] = min(history.first_commits.get(key, event.commit_id), event.commit_id)
             elif isinstance(event, Attested):
@@ -68,6 +76,8 @@ class RunHistory:
                     history.failing_evidence[event.commit_id].append(bytes(event.evidence_digest))
             elif isinstance(event, Slashed):
                 history.slashes[event.commit_id] = event
+            elif isinstance(event, WorkerJailed):
+                history.jailed.setdefault(event.worker.lower(), event.block_number)
             elif isinstance(event, RewardsFunded) and event.run_id == run_id:
                 pool = int(event.reward_pool)
                 history.pool.append((where, pool))

@@ -19,8 +19,10 @@ Design decisions:
 - Then what the chain paid and took for the version (`krill.audit.ledger`): its `settlement` against
   the record's reward split, and the `slashing` of the commits due at it. They run even when the
   recompute could not (they need only the chain and the record).
-- Rejections are the coordinator's judgement and cannot be recomputed; the audit checks that
-  each names a real commit of the run, and that no commit is both accepted and rejected.
+- Rejections are the coordinator's judgement: the audit checks that each names a real commit of
+  the run, that no commit is both accepted and rejected, and each reason that public data can
+  bear out (`krill.audit.entries.false_rejection`). That no commit is left out of every record is
+  the `coverage` row (`krill.audit.coverage`).
 - Faulty public data (`krill.audit.source.DATA_ERRORS`: missing content, a blob that does not decode,
   weights that cannot be folded, an id the chain cannot hold) fails the check that read it, and the
   audit goes on with what it can still check. Any other exception is a fault of the audit, not a
@@ -36,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 
+from krill.audit.coverage import check_coverage
 from krill.audit.entries import audit_entry, false_rejection
 from krill.audit.ledger import audit_ledger
 from krill.audit.report import AuditReport
@@ -50,12 +53,13 @@ def audit_version(source: AuditSource, version: int) -> AuditReport:
     """Audit published version `version` (>= 1) of the run `source` reads; raises only on a chain outage."""
     report = AuditReport(run_id=source.spec.run_id.hex(), version=version)
     try:
-        info = source.version_info(version) if version >= 1 else None
+        info = source.version_info(version, fresh=True) if version >= 1 else None
         if report.add("published", info is not None,
                       f"manifest digest {info.manifest_digest.hex()[:16]}… at block {info.published_block}"
                       if info is not None else f"version {version} is not a published version (1..latest)"):
             _audit_into(source, version, info, report)
             audit_ledger(source, version, info, report)
+            report.add("coverage", *check_coverage(source, version))
     except ConnectionError:
         raise
     except Exception as exc:  # noqa: BLE001 - recorded as a failed check: the other versions' reports must survive
@@ -114,7 +118,8 @@ def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
             continue
         if commit.run_id != source.spec.run_id or commit.worker.lower() != entry.worker:
             problems.append(f"rejected commit {entry.commit_id} is not a commit of {entry.worker} in this run")
-        elif (false := false_rejection(source, entry.commit_id, entry.worker, entry.reason_code)) is not None:
+        elif (false := false_rejection(source, record.version, entry.commit_id, entry.worker,
+                                       entry.reason_code)) is not None:
             problems.append(false)  # an honest commit cut out of the fold and the reward on a false reason
     reasons = sorted({r.reason_code for r in record.rejected})
     report.add("entries", not problems, "; ".join(problems) or

@@ -62,6 +62,8 @@ class AuditSource:
         self._run = None
         self._task = self._tokenizer = None
         self._chain_id: int | None = None
+        self._block_times: dict[int, int] = {}
+        self._published: dict = {}
 
     @property
     def chain_id(self) -> int:
@@ -76,10 +78,16 @@ class AuditSource:
     def latest_version(self) -> int:
         return int(self.chain.run_of(self.spec.run_id).latest_version)
 
-    def version_info(self, version: int):
-        """The chain's record of `version`, or None when it is not published."""
+    def version_info(self, version: int, fresh: bool = False):
+        """The chain's record of `version`, or None when it is not published. A published one is kept
+        (only its `settled` flag can change): `fresh` reads it again."""
+        if version in self._published and not fresh:
+            return self._published[version]
         info = self.chain.version_of(self.spec.run_id, version)
-        return None if info.manifest_digest == ZERO32 else info
+        if info.manifest_digest == ZERO32:
+            return None
+        self._published[version] = info
+        return info
 
     def state(self, version: int) -> VersionState:
         """The public state of `version` (manifest, record, lazily its shards and masks)."""
@@ -113,6 +121,12 @@ class AuditSource:
                 raise ModelError(f"version {version} is not published")
             self._records[version] = load_record(self.store, info.record_digest)
         return self._records[version]
+
+    def block_time(self, number: int) -> int:
+        """The timestamp of block `number` (unix seconds)."""
+        if number not in self._block_times:
+            self._block_times[number] = int(self.chain.block_time(number))
+        return self._block_times[number]
 
     def commit(self, commit_id: int) -> CommitInfo:
         """The chain's record of commit `commit_id` (worker = zero address: no such commit);
@@ -165,6 +179,12 @@ class AuditSource:
 
             self._keys[worker] = bytes(self.chain.stake_of(Web3.to_checksum_address(worker)).ed25519_public_key)
         return self._keys[worker]
+
+    def jailed_now(self, worker: str) -> bool:
+        """Whether the chain holds `worker`'s stake jailed now (a jail is never lifted)."""
+        from web3 import Web3
+
+        return bool(self.chain.stake_of(Web3.to_checksum_address(worker)).jailed)
 
     def grad_lengths(self, version: int) -> dict[int, dict[str, int]]:
         """Per shard, tensor name -> length of the public mask gradients at `version` travel on."""

@@ -83,6 +83,11 @@ class KrillChain(ProtocolViews):
         return bytes(with_retries(lambda: self.w3.eth.get_block(number)["hash"], "eth_getBlockByNumber",
                                   self._retry, endpoint_of(self.w3)))
 
+    def block_time(self, number: int) -> int:
+        """The timestamp (unix seconds) of block `number` (which must exist: BlockNotFound from web3 otherwise)."""
+        return int(with_retries(lambda: self.w3.eth.get_block(number)["timestamp"], "eth_getBlockByNumber",
+                                self._retry, endpoint_of(self.w3)))
+
     def _send(self, name: str, *args) -> Receipt:
         return self._tx.transact(self.address, function_codecs("KrillProtocol")[name].calldata(args), name)
 

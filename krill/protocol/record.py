@@ -26,6 +26,8 @@ from krill.errors import PayloadError
 
 RECORD_FORMAT = "krill-aggregation-record/2"
 MAX_RECORD_BYTES = 256 * 1024
+MAX_ACCEPTED_PER_VERSION = 200  # accepted entries one record names at most (the rest wait for the next version)
+MAX_REJECTED_PER_RECORD = 100   # rejections one record names at most (the rest wait for the next record)
 
 
 class _Strict(BaseModel):
@@ -132,3 +134,52 @@ def load_record(store, digest: bytes) -> AggregationRecord:
     if hashlib.sha256(data).digest() != digest:
         raise PayloadError("content does not hash to the record digest", field="record")
     return AggregationRecord.decode(data)
+
+
+# Worst-case bytes of the record's parts a decision does not know yet (they come from the fold).
+RECORD_FIXED_BYTES = 4096  # run id, CIDs, rule, masks, closing reason and the keys around them
+SHARD_FIXED_BYTES = 400    # one shard's outcome without its trimmed fractions (CID, sha256, norms)
+FRACTION_BYTES = 26        # one trimmed fraction: a float64 repr in [0, 1] (<= 23 characters), quotes, comma
+
+
+def fitting_entries(accepted: list[dict], rejected: list[dict], num_shards: int) -> tuple[int, int]:
+    """(accepted, rejected): how many of each list (in order) keep the record within
+    `MAX_RECORD_BYTES` with every shard's outcome, at the worst case of each figure the fold adds.
+    Rejections take at most half of what the fixed parts leave (a 500-character reason can take
+    3 kB as JSON escapes); accepted entries take the rest, at least one."""
+    def size(value) -> int:  # as AggregationRecord.encode writes it
+        return len(json.dumps(value, sort_keys=True, separators=(",", ":")))
+
+    budget = MAX_RECORD_BYTES - RECORD_FIXED_BYTES - num_shards * SHARD_FIXED_BYTES
+    n_rejected, half = 0, budget // 2
+    for entry in rejected:
+        if half - size(entry) - 1 < 0:
+            break
+        half -= size(entry) + 1
+        n_rejected += 1
+    budget -= size(rejected[:n_rejected])
+    for n, entry in enumerate(accepted):
+        budget -= size(entry) + 1 + num_shards * FRACTION_BYTES
+        if budget < 0:
+            return max(1, n), n_rejected
+    return len(accepted), n_rejected
+
+
+def had_room(record: AggregationRecord, num_shards: int) -> bool:
+    """Whether `record` could have named one more rejection and one more accepted entry, each at its
+    largest, by the coordinator's own rule (`fitting_entries`, the count caps). When it could not,
+    something may have waited for a later record; when it could, nothing decided before the version
+    closed had to."""
+    accepted = [e.model_dump(mode="json") for e in record.accepted]
+    rejected = [e.model_dump(mode="json") for e in record.rejected]
+    worst_rejected = RejectedEntry(commit_id=(1 << 256) - 1, worker="0x" + "f" * 40, reason_code="x" * 40,
+                                   reason="\u00e9" * 500).model_dump(mode="json")
+    worst_accepted = AcceptedEntry(commit_id=(1 << 256) - 1, worker="0x" + "f" * 40, header_digest="f" * 64,
+                                   model_version=(1 << 64) - 1, behaviour_version=(1 << 64) - 1,
+                                   staleness=(1 << 64) - 1, trust=repr(0.1 + 0.2), weight=repr(0.1 + 0.2),
+                                   shards=list(range(num_shards)), mean_reward=repr(-1.2345679e-38),
+                                   tokens=(1 << 64) - 1).model_dump(mode="json")
+    if len(rejected) >= MAX_REJECTED_PER_RECORD or len(accepted) >= MAX_ACCEPTED_PER_VERSION:
+        return False
+    return (fitting_entries([], rejected + [worst_rejected], num_shards)[1] == len(rejected) + 1
+            and fitting_entries(accepted + [worst_accepted], rejected, num_shards)[0] == len(accepted) + 1)

@@ -19,7 +19,15 @@ import types
 import torch
 from web3 import Web3
 
-from krill.chain.events import Attested, Committed, RewardCredited, RewardsFunded, Slashed, VersionSettled
+from krill.chain.events import (
+    Attested,
+    Committed,
+    RewardCredited,
+    RewardsFunded,
+    Slashed,
+    VersionSettled,
+    WorkerJailed,
+)
 from krill.chain.types import ZERO32, CommitInfo, RunInfo, RunParams, StakeInfo, VersionInfo, to_uint
 from krill.model.manifest import Manifest, ParameterEntry, ShardEntry
 from krill.model.publish import bundle_files
@@ -54,6 +62,8 @@ class FakeChain:
                                 check_probability_ppm=100_000, challenge_window_blocks=40, reward_per_version=10**19)
         self.pool = 0
         self.log: list = []  # events other than `Committed` (those follow from `commits`)
+        self.jailed: set[str] = set()
+        self.seconds_per_block = 1
         self._log_index = itertools.count(1)
 
     def fork(self) -> FakeChain:
@@ -102,12 +112,18 @@ class FakeChain:
     def slash(self, commit_id: int, block: int | None = None) -> None:
         c = self.commits[commit_id]
         self.commits[commit_id] = dataclasses.replace(c, slashed=True)
-        self._emit(Slashed, c.commit_block + 2 if block is None else block, commit_id=commit_id, worker=c.worker,
-                   amount=1, bounty=0, burned=1)
+        block = c.commit_block + 2 if block is None else block
+        self._emit(Slashed, block, commit_id=commit_id, worker=c.worker, amount=1, bounty=0, burned=1)
+        if c.worker.lower() not in self.jailed:
+            self.jailed.add(c.worker.lower())
+            self._emit(WorkerJailed, block, worker=c.worker, commit_id=commit_id)
 
     # what the audit reads
     def version_of(self, run_id, version: int) -> VersionInfo:
         return self.versions.get(version, VersionInfo(ZERO32, ZERO32, 0, False))
+
+    def block_time(self, number: int) -> int:
+        return 1_700_000_000 + number * self.seconds_per_block
 
     def unbonding_blocks(self) -> int:
         return 50
@@ -120,7 +136,7 @@ class FakeChain:
         return self.commits.get(to_uint(commit_id, "commit_id"), NO_COMMIT)  # ChainInputError past uint256, as web3's
 
     def stake_of(self, account: str) -> StakeInfo:
-        return StakeInfo(role=1, jailed=False, ed25519_public_key=self.keys.get(account.lower(), ZERO32),
+        return StakeInfo(role=1, jailed=account.lower() in self.jailed, ed25519_public_key=self.keys.get(account.lower(), ZERO32),
                          staked=1, unbonding=0, release_block=0)
 
     def events(self, from_block: int = 0, confirmations: int = 0, kinds=None):

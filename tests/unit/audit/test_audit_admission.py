@@ -241,7 +241,12 @@ def test_a_settlement_by_the_record_keeps_a_version_clean_and_paying_the_coordin
     ("wrong_assignment", None, False),
     ("wrong_rewards", "rewards", True),
     ("wrong_assignment", "assignment", True),
-    ("stale", None, True),  # not judged here
+    ("stale", None, False),  # learner version 3 is 0 behind version 4's parent
+    ("jailed", None, False),
+    ("slashed", None, False),
+    ("below_trust_floor", None, False),
+    ("unavailable", None, True),  # not judged: the audit cannot see when content appeared
+    ("no_served_shard", None, True),  # not judged: which shards a coordinator serves is its setting
 ])
 def test_a_rejection_the_public_data_contradicts_fails_the_entries_check(run, reason, tamper, stands):
     """A coordinator could cut an honest commit out of the fold and the reward under a false reason: the
@@ -259,3 +264,41 @@ def test_a_rejection_the_public_data_contradicts_fails_the_entries_check(run, re
         assert "entries" not in failed, failed
     else:
         assert f"commit {cid} is rejected as {reason}, but" in failed["entries"], failed
+
+
+@pytest.mark.parametrize("reason", ["stale", "jailed", "slashed", "below_trust_floor"])
+def test_a_rejection_the_chain_bears_out_stands(run, reason):
+    """Each standing reason, made true on the chain before the version's publication, passes."""
+    from krill.protocol.record import RejectedEntry
+
+    chain = run.chain.fork()
+    w1, w2 = run.workers
+    if reason == "stale":  # learner version 0: 3 behind version 4's parent, over S_max = 2
+        cid, *_ = run.contribute(chain, w2, 0, 0)
+    else:
+        cid, *_ = run.contribute(chain, w2, 3, 3)
+    if reason in ("jailed", "slashed"):
+        chain.slash(cid, block=chain.commits[cid].commit_block + 1)
+    if reason == "below_trust_floor":  # prior 1 / (1 + 3 + f) < the floor 0.05 from f = 17 failing verdicts
+        for _ in range(17):
+            chain.attest(cid, ok=False)
+    rejected = [RejectedEntry(commit_id=cid, worker=w2.worker, reason_code=reason, reason="says the coordinator")
+                .model_dump(mode="json")]
+    run.publish(chain, 4, [run.contribute(chain, w1, 3, 3)], rejected=rejected)
+    failed = _failed(run.audit(chain, 4))
+    assert "entries" not in failed, failed
+
+
+def test_a_jail_or_slash_after_the_publication_does_not_bear_out_a_rejection(run):
+    from krill.protocol.record import RejectedEntry
+
+    chain = run.chain.fork()
+    w1, w2 = run.workers
+    cid, *_ = run.contribute(chain, w2, 3, 3)
+    rejected = [RejectedEntry(commit_id=cid, worker=w2.worker, reason_code=reason, reason="")
+                .model_dump(mode="json") for reason in ("jailed",)]
+    run.publish(chain, 4, [run.contribute(chain, w1, 3, 3)], rejected=rejected)
+    chain.slash(cid, block=chain.versions[4].published_block + 1)  # jailed only after version 4
+    detail = _failed(run.audit(chain, 4))["entries"]
+    assert f"commit {cid} is rejected as jailed, but the worker was not jailed before version 4" in detail
+    assert f"its jail came at block {chain.versions[4].published_block + 1}" in detail
