@@ -161,5 +161,8 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
 
 
 def overview(session: Session, run: Run) -> dict[str, Any]:
-    return {"run": run_json(run), "runs": recent_runs(session), "series": series(session, run.run_id),
+    out = run_json(run)
+    # a coordinator that never staked has no participant page: the overview shows its address unlinked
+    out["coordinator_indexed"] = session.get(Participant, run.coordinator) is not None
+    return {"run": out, "runs": recent_runs(session), "series": series(session, run.run_id),
             "totals": totals(session, run.run_id)}

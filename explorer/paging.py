@@ -98,14 +98,14 @@ def choice_param(params: Mapping[str, str], name: str, choices: tuple[str, ...])
 
 def hex32_value(raw: str, what: str) -> str:
     """A bytes32 value (run id, digest) in the index's spelling: 64 lowercase hex, no prefix."""
-    if not isinstance(raw, str) or not _HEX32.match(raw):
+    if not isinstance(raw, str) or not _HEX32.fullmatch(raw):
         raise BadRequest(f"{what} must be 64 hexadecimal characters, got {str(raw)[:80]!r}")
     return raw.removeprefix("0x").lower()
 
 
 def address_value(raw: str) -> str:
     """An address in the index's spelling: 0x + 40 lowercase hex."""
-    if not isinstance(raw, str) or not _ADDRESS.match(raw):
+    if not isinstance(raw, str) or not _ADDRESS.fullmatch(raw):
         raise BadRequest(f"an address is 40 hexadecimal characters (0x...), got {str(raw)[:80]!r}")
     return "0x" + raw.removeprefix("0x").lower()
 

@@ -156,7 +156,7 @@ ROUTES: tuple[Route, ...] = (
 
 def match(path: str) -> tuple[Route, dict[str, str]] | None:
     for route in ROUTES:
-        m = route.pattern.match(path)
+        m = route.pattern.fullmatch(path)
         if m:
             return route, m.groupdict()
     return None

@@ -323,3 +323,43 @@ def test_search_from_a_run_page_stays_in_that_run(world):
     assert world.client.get(headers["Location"])[0] == 200
     status, _, body = world.client.get("/search?q=v1&run=" + quote("<b>x</b>"))
     assert status == 400 and "parameter &#39;run&#39;" in body and "<b>x" not in body
+
+
+def test_more_links_keep_the_page_size(world):
+    """The participant page shows `per_page` rows of each list; its "more" link must go on from there
+    (it went to page 2 at the default size, so rows per_page + 1 .. default never appeared)."""
+    _, _, body = world.client.get(f"/participants/{world.verifier}?per_page=1")
+    more = re.search(r'href="([^"]*/verdicts[^"]*)">more verdicts', body)
+    assert more is not None and "page=2" in more.group(1) and "per_page=1" in more.group(1), body[-2000:]
+
+
+@pytest.mark.parametrize("path", [
+    "/api/contributions?worker={honest}%0a",
+    "/search?q=v1&run={run}%0a",
+    "/api/participants/{honest}%0a",
+])
+def test_a_trailing_newline_is_a_bad_request_not_a_match(world, path):
+    """`$` matches before a final newline: the value kept it, answered with no rows, or went into a
+    Location header (a bare LF on the wire)."""
+    from urllib.parse import unquote
+
+    target = path.format(honest=world.honest, run=world.run)
+    head, _, query = target.partition("?")
+    status, headers, _ = world.client.get(unquote(head) + ("?" + query if query else ""))
+    assert status in (400, 404) and "Location" not in headers, (status, headers)
+
+
+def test_version_zero_is_the_base_model_with_nothing_to_settle(world):
+    _, _, body = world.client.get("/versions/0")
+    assert "base model: nothing to settle" in body and "block None" not in body
+
+
+def test_a_coordinator_that_never_staked_is_shown_without_a_dead_link(world):
+    _, data = world.client.json("/api/")
+    coordinator = data["run"]["coordinator"]
+    _, _, body = world.client.get("/")
+    assert data["run"]["coordinator_indexed"] is False  # the hand-filled index's coordinator never staked
+    assert "(not staked: no participant page)" in body and f'href="/participants/{coordinator}"' not in body
+    assert world.client.get(f"/participants/{coordinator}")[0] == 404
+    _, _, honest = world.client.get(f"/participants/{world.honest}")
+    assert "not staked" not in honest
