@@ -2,7 +2,12 @@
 
 Design decisions:
 - Needs only chain + store access (config: chain, store, run.id). Writes DIR, adds the release
-  archive to the store (pinned) and prints its CID; `--json` prints {"cid", "out", "evals"}.
+  archive to the store (pinned) and prints its CID; `--json` prints {"cid", "out", "evals", "audit"}.
+- First it audits versions 1..V as `krill audit` does (`krill.release.lineage`: all of them, since a
+  tampered ancestor taints V; one recompute per version) and refuses, exit 1 and nothing written,
+  at the first that fails. One line per audited version goes out as it is done, except with
+  `--json`, whose stdout is the JSON alone. `--unaudited` skips the audit, and the release's
+  metadata and card say it was not audited.
 - Evaluation runs on the task's held-out split for base and version; `--eval-n` defaults to the
   run spec's `eval_n`, `--k` sets pass@k (1 skips sampling). Heavy imports stay inside the command.
 """
@@ -16,6 +21,11 @@ from pathlib import Path
 import click
 
 
+def _audited_line(report, last: int) -> None:
+    verdict = f"all {len(report.checks)} checks match" if report.ok else f"{len(report.failures)} MISMATCH"
+    click.echo(f"audit version {report.version}/{last}: {verdict}")
+
+
 @click.command("release")
 @click.option("--version", "version", required=True, type=click.IntRange(0, None), help="Published version to release.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -24,9 +34,13 @@ import click
               help="Held-out prompts to evaluate on [default: the run spec's eval_n, 500].")
 @click.option("--k", type=click.IntRange(1, 64), default=4, show_default=True, help="Samples per prompt for pass@k.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pass@k sampler.")
-@click.option("--json", "as_json", is_flag=True, help="Print {cid, out, evals} as JSON.")
-def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, as_json: bool) -> None:
-    """Assemble a version as a Hugging Face model directory with a model card, store it, print the CID."""
+@click.option("--unaudited", is_flag=True,
+              help="Skip auditing versions 1..V first; the release's metadata and card then say it was not audited.")
+@click.option("--json", "as_json", is_flag=True, help="Print {cid, out, evals, audit} as JSON.")
+def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, unaudited: bool,
+            as_json: bool) -> None:
+    """Audit versions 1..V, then assemble V as a Hugging Face model directory with a model card, store it,
+    print the CID. Refuses when the audit fails."""
     from transformers.utils import logging as hf_logging
 
     from krill.commands.audit_cmd import open_public_run
@@ -40,10 +54,17 @@ def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, 
         if version > latest:
             raise ConfigError(f"--version {version}: the run's latest published version is {latest}")
         result = build_release(chain, store, spec, version, out_dir, eval_n=eval_n, k=k, seed=seed,
-                               from_block=config.chain.deploy_block)
+                               from_block=config.chain.deploy_block, unaudited=unaudited,
+                               progress=None if as_json else _audited_line)
     if as_json:
-        click.echo(json.dumps({"cid": result.cid, "out": str(result.out), "evals": result.evals}, sort_keys=True))
+        click.echo(json.dumps({"cid": result.cid, "out": str(result.out), "evals": result.evals,
+                               "audit": result.audit}, sort_keys=True))
         return
+    audit = result.audit
+    if not audit["audited"]:
+        click.echo(f"NOT AUDITED (--unaudited): versions 1..{version} were not checked; the card says so")
+    elif audit["versions"]:
+        click.echo(f"audited versions 1..{version}: all {audit['checks']} checks passed")
     for label in ("base", "version"):
         r = result.evals[label]
         name = "base (v0)" if label == "base" else f"version {version}"

@@ -1,6 +1,11 @@
 """`krill release`: one published version as a Hugging Face model directory with a model card.
 
 Design decisions:
+- Nothing is evaluated, written or stored before the lineage is audited (`lineage.py`): versions
+  1..V must pass `krill audit`, else `ReleaseAuditError` names the first that fails. The weights
+  being the ones the chain names proves nothing if the coordinator named tampered ones. `unaudited`
+  skips the audit and the metadata and card say so; an audited release records how many checks
+  versions 1..V passed.
 - The weights are the version's shards exactly as the chain names them (`load_chain_version`
   verifies manifest and record against the on-chain digests; `assemble_files` verifies every
   shard), written as one `model.safetensors` plus `config.json` and the tokenizer files.
@@ -15,21 +20,25 @@ Design decisions:
 - Needs only chain + store; no role is imported.
 
 Public API:
-    build_release(chain, store, spec, version, out_dir, *, eval_n=None, k=4, seed=0, from_block=0) -> Release
+    build_release(chain, store, spec, version, out_dir, *, eval_n=None, k=4, seed=0, from_block=0,
+                  unaudited=False, progress=None) -> Release
     release_files(...) -> (folder, files, facts)      everything but writing and storing
     read_archive(data) -> (folder, files)
+    ReleaseAuditError                                 a version 1..V fails the audit (`.version`, `.failed`)
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from krill.errors import ConfigError
 from krill.release.archive import read_archive, write_archive
+from krill.release.lineage import ReleaseAuditError, audit_lineage, not_audited
 
-__all__ = ["RELEASE_FORMAT", "Release", "build_release", "read_archive", "release_files"]
+__all__ = ["RELEASE_FORMAT", "Release", "ReleaseAuditError", "build_release", "read_archive", "release_files"]
 
 RELEASE_FORMAT = "krill-release/1"
 CARD = "README.md"
@@ -45,8 +54,13 @@ class Release:
     evals: dict
     facts: dict
 
+    @property
+    def audit(self) -> dict:
+        return self.facts["audit"]
+
     def to_dict(self) -> dict:
-        return {"cid": self.cid, "out": str(self.out), "version": self.version, "evals": self.evals}
+        return {"cid": self.cid, "out": str(self.out), "version": self.version, "evals": self.evals,
+                "audit": self.audit}
 
 
 def _evaluate(files: dict[str, bytes], task, n: int, k: int, seed: int) -> dict:
@@ -61,8 +75,11 @@ def _evaluate(files: dict[str, bytes], task, n: int, k: int, seed: int) -> dict:
 
 
 def release_files(chain, store, spec, version: int, *, eval_n: int | None = None, k: int = 4, seed: int = 0,
-                  from_block: int = 0) -> tuple[str, dict[str, bytes], dict]:
-    """(archive folder name, file name -> bytes, facts) of the release of `version`."""
+                  from_block: int = 0, unaudited: bool = False,
+                  progress: Callable | None = None) -> tuple[str, dict[str, bytes], dict]:
+    """(archive folder name, file name -> bytes, facts) of the release of `version`. Audits versions
+    1..`version` first (`ReleaseAuditError` at the first failure; `progress` as in `audit_lineage`),
+    unless `unaudited`."""
     from krill.model.publish import assemble_files
     from krill.protocol.state import load_chain_version
     from krill.release.card import hyperparameters, render_card
@@ -70,6 +87,8 @@ def release_files(chain, store, spec, version: int, *, eval_n: int | None = None
     from krill.rl.tasks import get_task
     from krill.store.cid import digest_to_cid
 
+    # Version 0 has no lineage to audit: the (empty) audit runs whatever the flag says.
+    audit = not_audited() if unaudited and version else audit_lineage(chain, store, spec, version, progress)
     run_id = spec.run_id
     target = load_chain_version(chain, store, spec, version)
     base = target if version == 0 else load_chain_version(chain, store, spec, 0)
@@ -88,19 +107,21 @@ def release_files(chain, store, spec, version: int, *, eval_n: int | None = None
                   "record_cids": {str(v): cid for v, (cid, _) in sorted(records.items())}}
     folder = f"krill-{spec.name}-v{version}"
     facts = {"format": RELEASE_FORMAT, "name": spec.name, "version": version, "evals": evals,
-             "provenance": provenance, "contributors": [c.to_dict() for c in people],
+             "provenance": provenance, "audit": audit.to_dict(), "contributors": [c.to_dict() for c in people],
              "hyperparameters": dict(hyperparameters(spec))}
-    files[CARD] = render_card(spec=spec, version=version, evals=evals, provenance=provenance,
+    files[CARD] = render_card(spec=spec, version=version, evals=evals, provenance=provenance, audit=facts["audit"],
                               contributors=people, folder=folder).encode()
     files[FACTS] = (json.dumps(facts, indent=2, sort_keys=True) + "\n").encode()
     return folder, files, facts
 
 
 def build_release(chain, store, spec, version: int, out_dir: str | Path, *, eval_n: int | None = None, k: int = 4,
-                  seed: int = 0, from_block: int = 0) -> Release:
-    """Write the release of `version` to `out_dir`, add its archive to the store, return its CID."""
+                  seed: int = 0, from_block: int = 0, unaudited: bool = False,
+                  progress: Callable | None = None) -> Release:
+    """Audit versions 1..`version` (unless `unaudited`), write the release of `version` to `out_dir`, add
+    its archive to the store, return its CID. A failed audit writes and stores nothing."""
     folder, files, facts = release_files(chain, store, spec, version, eval_n=eval_n, k=k, seed=seed,
-                                         from_block=from_block)
+                                         from_block=from_block, unaudited=unaudited, progress=progress)
     out = Path(out_dir)
     stray = sorted(p.name for p in out.iterdir() if p.name not in files) if out.is_dir() else []
     if stray:

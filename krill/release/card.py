@@ -8,6 +8,9 @@ Design decisions:
 - Provenance is everything needed to check the release from public data alone: chain id and
   contract, run id and run-spec CID, manifest CIDs of base and version, the aggregation record
   of every version; the card ends with the `krill audit` line that re-derives the weights.
+- What the release's own audit found (`krill.release.lineage`) is stated from its facts only: the
+  versions that passed and the number of checks, or, for a release made with `--unaudited`, a
+  warning under the title and in the provenance that nobody checked the lineage.
 """
 
 from __future__ import annotations
@@ -42,12 +45,28 @@ def hyperparameters(spec) -> list[tuple[str, str]]:
     return rows
 
 
-def render_card(*, spec, version: int, evals: dict, provenance: dict, contributors: list, folder: str) -> str:
+def _audit_lines(version: int, audit: dict) -> list[str]:
+    if not audit["audited"]:
+        return [f"**Not audited.** This release was made with `--unaudited`: nobody checked, when it was made, "
+                f"that versions 1..{version} are the folds of their parents and aggregation records. Audit them "
+                "before trusting the weights:"]
+    if not audit["versions"]:
+        return ["Version 0 is the run's base model, named by the run's on-chain genesis digest: there is no fold to "
+                "audit. Recompute and check later versions from public data:"]
+    first, last = audit["versions"]
+    return [f"Audited: before this release was made, `krill audit` recomputed versions {first}..{last} from public "
+            f"data (chain and store) and all {audit['checks']} checks passed. Check it again:"]
+
+
+def render_card(*, spec, version: int, evals: dict, provenance: dict, audit: dict, contributors: list,
+                folder: str) -> str:
     base, new = evals["base"], evals["version"]
     k = new["k"]
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [krill, reinforcement-learning, grpo, decentralized-training]", "---", "",
              f"# {spec.name}, version {version}", "",
+             *([f"> **Not audited**: versions 1..{version} were not checked with `krill audit` when this release "
+                "was made (see Provenance).", ""] if not audit["audited"] else []),
              f"Post-trained with reinforcement learning by Krill on untrusted hardware: workers sampled rollouts "
              f"and per-shard policy gradients, verifiers replayed a random sample, and a coordinator folded the "
              f"contributions robustly ({spec.rule.type}) into {version} published version(s) of the "
@@ -66,7 +85,7 @@ def render_card(*, spec, version: int, evals: dict, provenance: dict, contributo
         lines.append(f"| {key.replace('_', ' ')} | `{provenance[key]}` |")
     for v, cid in sorted((int(v), c) for v, c in provenance["record_cids"].items()):
         lines.append(f"| aggregation record v{v} | `{cid}` |")
-    lines += ["", "Recompute and check every version from public data:", "", "```",
+    lines += ["", *_audit_lines(version, audit), "", "```",
               f"krill --set run.id={provenance['run_id']} --set chain.protocol_address={provenance['contract']} "
               f"audit --all", "```", "", "## Contributors", "",
               "Accepted and rejected contributions from the aggregation records of versions "

@@ -343,3 +343,57 @@ def test_release_writes_a_loadable_model_with_a_card_and_a_deterministic_cid(run
     (tmp_path / "a" / "model-00001-of-00002.safetensors").write_bytes(b"stale")
     refused = run.invoke(release, [*args, "--out", str(tmp_path / "a")])
     assert refused.exit_code != 0 and "model-00001-of-00002.safetensors" in str(refused.exception)
+
+
+def _release(run, tmp_path, version, *extra):
+    out = tmp_path / f"v{version}"
+    result = run.invoke(release, ["--version", str(version), "--eval-n", "4", "--k", "1", *extra, "--out", str(out)])
+    return result, out
+
+
+@pytest.mark.slow
+def test_release_audits_the_lineage_and_records_it(run, tmp_path):
+    checks = sum(len(_audit(run, v)[1]["checks"]) for v in (1, 2))
+    result, out = _release(run, tmp_path, 2, "--json")
+    assert result.exit_code == 0, result.output
+    expected = {"audited": True, "versions": [1, 2], "checks": checks}
+    assert json.loads(result.output)["audit"] == expected
+    assert json.loads((out / "krill-release.json").read_text())["audit"] == expected
+    card = (out / "README.md").read_text()
+    assert f"recomputed versions 1..2 from public data (chain and store) and all {checks} checks passed" in card
+    assert "not audited" not in card.lower()
+    plain, _ = _release(run, tmp_path / "plain", 2)
+    assert plain.exit_code == 0, plain.output
+    assert "audit version 1/2: all" in plain.output and f"audited versions 1..2: all {checks} checks passed" in plain.output
+
+
+@pytest.mark.slow
+def test_release_refuses_a_version_the_audit_fails_or_that_descends_from_one(run, tmp_path):
+    pins = sorted(run.store.pins())
+    _, report = _audit(run, 3)
+    for version in (3, 4):  # 3 folds other weights than its record says; 4 descends from it (and is tampered too)
+        result, out = _release(run, tmp_path, version, "--json")
+        assert result.exit_code == 1, result.output
+        from krill.release import ReleaseAuditError
+
+        assert isinstance(result.exception, ReleaseAuditError), result.exception
+        assert result.exception.version == 3 and list(result.exception.failed) == [c["name"] for c in report["checks"]
+                                                                                  if not c["ok"]]
+        message = str(result.exception)
+        assert "\n" not in message and message.startswith("version 3") and "manifest digest" in message
+        assert ("an ancestor of version 4" in message) == (version == 4), message
+        assert not out.exists()  # nothing written ...
+    assert sorted(run.store.pins()) == pins  # ... and nothing stored
+
+
+@pytest.mark.slow
+def test_unaudited_release_says_it_was_not_audited(run, tmp_path):
+    result, out = _release(run, tmp_path, 4, "--unaudited", "--json")
+    assert result.exit_code == 0, result.output
+    expected = {"audited": False, "versions": [], "checks": 0}
+    assert json.loads(result.output)["audit"] == expected
+    assert json.loads((out / "krill-release.json").read_text())["audit"] == expected
+    card = (out / "README.md").read_text()
+    assert "> **Not audited**: versions 1..4 were not checked with `krill audit`" in card
+    assert "**Not audited.** This release was made with `--unaudited`" in card
+    assert "checks passed" not in card and "Audited:" not in card

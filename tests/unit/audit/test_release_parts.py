@@ -83,3 +83,66 @@ def test_token_amounts_print_exactly():
     assert _tokens(10 * 10**18) == "10.0000"
     assert _tokens(6_666_666_666_666_666_666) == "6.6666"
     assert _tokens(0) == "0.0000"
+
+
+def _report(version, failed=()):
+    from krill.audit import AuditReport
+
+    report = AuditReport(run_id="ab" * 32, version=version)
+    report.add("published", True, "")
+    report.add("manifest digest", "manifest digest" not in failed, "")
+    for name in failed:
+        if name != "manifest digest":
+            report.add(name, False, "")
+    return report
+
+
+def test_the_lineage_audit_stops_at_the_first_failing_version_and_names_its_checks(monkeypatch):
+    import krill.audit
+    from krill.release.lineage import ReleaseAuditError, audit_lineage
+
+    bad = {3: ("manifest digest", "shard 1 weights")}
+    audited = []
+
+    def fake_audit(source, version):
+        audited.append(version)
+        return _report(version, bad.get(version, ()))
+
+    monkeypatch.setattr(krill.audit, "audit_version", fake_audit)
+    seen = []
+    facts = audit_lineage(None, None, _spec(), 2, progress=lambda r, last: seen.append((r.version, last)))
+    assert (facts.to_dict(), audited, seen) == ({"audited": True, "versions": [1, 2], "checks": 4}, [1, 2],
+                                                [(1, 2), (2, 2)])
+    audited.clear()
+    with pytest.raises(ReleaseAuditError) as refused:
+        audit_lineage(None, None, _spec(), 6)
+    assert audited == [1, 2, 3]  # nothing after the first failure is audited: the release is refused anyway
+    assert (refused.value.version, refused.value.failed) == (3, ("manifest digest", "shard 1 weights"))
+    message = str(refused.value)
+    assert message.startswith("version 3, an ancestor of version 6, fails `krill audit` (2 of 3 checks: "
+                              "manifest digest, shard 1 weights)") and "\n" not in message
+    assert audit_lineage(None, None, _spec(), 0).to_dict() == {"audited": True, "versions": [], "checks": 0}
+
+
+def _spec():
+    from krill.payload.limits import PayloadLimits
+    from krill.protocol.spec import RunSpec
+
+    return RunSpec(name="x", seed=1, task="arithmetic", num_shards=2, limits=PayloadLimits(vocab_size=100),
+                   base_manifest_cid="bafkreiacwe4tcpgwzlcm3qw75ct37n4k5wz5z7uwqdqtwuvb2xg5sbotkq")
+
+
+@pytest.mark.parametrize("audit", [{"audited": True, "versions": [1, 5], "checks": 321},
+                                   {"audited": False, "versions": [], "checks": 0}])
+def test_the_card_states_the_audit_that_ran_and_only_that(audit):
+    from krill.release.card import render_card
+
+    result = {"accuracy": 0.5, "pass_at_k": None, "mean_length": 3.0, "k": 1, "n": 4}
+    provenance = {"chain_id": 31337, "contract": "0x" + "1" * 40, "run_id": "ab" * 32, "run_spec_cid": "s",
+                  "base_manifest_cid": "b", "manifest_cid": "m", "manifest_digest": "cd" * 32, "published_block": 9,
+                  "record_cids": {"1": "r1"}}
+    card = render_card(spec=_spec(), version=5, evals={"base": result, "version": result, "seed": 0},
+                       provenance=provenance, audit=audit, contributors=[], folder="krill-x-v5")
+    claims = "`krill audit` recomputed versions 1..5 from public data (chain and store) and all 321 checks passed"
+    assert (claims in card) == audit["audited"]
+    assert ("**Not audited**" in card) == (not audit["audited"])
