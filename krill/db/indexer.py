@@ -16,9 +16,18 @@ Design decisions:
   retried on later passes (up to `max_fetch_attempts`); they never stop event ingest.
 - An index belongs to one chain id and contract; pointing it at another raises
   `IndexMismatchError` rather than mixing two deployments' rows. The hash of its start block
-  is kept too (`IndexAnchor`) and checked on each process's first pass: a restarted devnet has
+  is kept too (`IndexAnchor`) and checked on a process's first pass that finds it: a restarted devnet has
   the same chain id and contract address, and an index of the old chain used to keep its rows,
   with its cursor past the new chain's head, so the new chain's first blocks were never read.
+- The last indexed block's hash is kept too (`IndexAnchor` row 2, written with the cursor) and
+  checked before any later block is applied: a reorg deeper than `confirmations`, or a devnet
+  restarted while a long-running indexer follows it, would otherwise mix two chains' rows. A
+  chain that no longer has that hash raises `IndexMismatchError` (run `krill index rebuild`);
+  one that has not reached that block yet (a node behind the others, or a restarted devnet still
+  short of it) raises `ChainUnavailableError`, which roles wait out, so nothing is applied until
+  it can be told apart. The check is free where the logs of the next query include that block
+  (`latest_logs`: the query starts there); otherwise it costs one block read per pass that reads
+  the head, and the head path reads each batch's last block's hash before its logs.
 - `rebuild()` drops the index tables and replays from `start_block` (the deploy block): the index
   is a cache of chain + store, and a test checks the rebuilt rows equal the incremental ones.
 - The cursor is read from the database once per process and then kept in memory: a pass with new
@@ -76,6 +85,7 @@ from krill.store.fetcher import PASS_WAIT_S, Fetcher
 
 log = logging.getLogger(__name__)
 
+TIP_ROW = 2  # `IndexAnchor` row of the last indexed block (row 1: the start block)
 HEAD_READ_S = 1.0  # with `latest_logs`, how often a pass that found no logs reads the head anyway
 
 
@@ -139,6 +149,8 @@ class Indexer:
         self._fetcher = Fetcher()  # header fetches, one lane per worker (krill.store.fetcher)
         self._chain_id: int | None = None
         self._cursor: int | None = None  # next block to read, as this process last read or wrote it
+        self._tip: tuple[int, str] | None = None  # (block, hash) of the last indexed block
+        self._anchored = False  # the start block's hash was found on the chain and checked
         self._head_read_at = float("-inf")  # monotonic time of the last head read
 
     # ------------------------------------------------------------------ chain access
@@ -154,12 +166,12 @@ class Indexer:
         """The newest block with `confirmations` blocks on top (-1 if none)."""
         return self.chain.block_number() - self.confirmations
 
-    def _logs(self, start: int, end: int) -> tuple[list[ChainEvent], dict[int, int], int | None]:
-        """The run's events in blocks start..end, the timestamps their logs carry (by block), and the
-        newest block with a log (None if there is none)."""
+    def _logs(self, start: int, end: int) -> tuple[list[ChainEvent], dict[int, int], int | None, dict[int, str]]:
+        """The run's events in blocks start..end, the timestamps their logs carry (by block), the
+        newest block with a log (None if there is none), and the block hashes the logs carry."""
         return self._decoded(self._get_logs(start, end), start)
 
-    def _logs_since(self, start: int) -> tuple[list[ChainEvent], dict[int, int], int | None]:
+    def _logs_since(self, start: int) -> tuple[list[ChainEvent], dict[int, int], int | None, dict[int, str]]:
         """`_logs` from `start` to the node's latest block, in one request. The query starts a block
         earlier, whose logs are dropped: a node may refuse a range that starts past its head (Anvil
         does), which `start` is whenever no block came since the last pass. Any answer that is not
@@ -168,7 +180,7 @@ class Indexer:
             logs = self._get_logs(max(start - 1, 0), "latest")
         except Web3RPCError as exc:
             log.debug("eth_getLogs from block %d to latest refused: %s", start - 1, exc)
-            return [], {}, None
+            return [], {}, None, {}
         return self._decoded(logs, start)
 
     def _get_logs(self, start: int, end: int | str) -> list:
@@ -176,13 +188,15 @@ class Indexer:
         query = {"fromBlock": start, "toBlock": end, "address": [self.chain.address]}
         return with_retries(lambda: w3.eth.get_logs(query), "eth_getLogs", endpoint=endpoint_of(w3))
 
-    def _decoded(self, logs: list, start: int) -> tuple[list[ChainEvent], dict[int, int], int | None]:
+    def _decoded(self, logs: list, start: int) -> tuple[list[ChainEvent], dict[int, int], int | None, dict[int, str]]:
+        hashes = {int(lg["blockNumber"]): bytes(lg["blockHash"]).hex() for lg in logs
+                  if lg.get("blockHash") is not None}  # the block before `start` too: the tip check reads it
         logs = sorted((lg for lg in logs if lg["blockNumber"] >= start), key=lambda lg: (lg["blockNumber"], lg["logIndex"]))
         stamped = {int(lg["blockNumber"]): _timestamp(lg["blockTimestamp"]) for lg in logs
                    if lg.get("blockTimestamp") is not None}
         events = (decode_log(self.chain.w3, lg) for lg in logs)
         newest = int(logs[-1]["blockNumber"]) if logs else None
-        return [e for e in events if e is not None], stamped, newest
+        return [e for e in events if e is not None], stamped, newest, hashes
 
     def _block_times(self, events: list[ChainEvent], stamped: dict[int, int]) -> dict[int, int]:
         """Each event block's timestamp: from its logs where the node puts it there (`blockTimestamp`,
@@ -217,10 +231,15 @@ class Indexer:
 
     def next_block(self) -> int:
         """The first block not yet indexed (read from the database); checks the start block's hash."""
+        from krill.db.models import IndexAnchor
+
         anchor = self._start_block_hash()
         with self.db.write() as session:
             self._cursor = self._meta(session).next_block
             self._check_anchor(session, anchor)
+            tip = session.get(IndexAnchor, TIP_ROW)
+            self._tip = None if tip is None else (tip.block_number, tip.block_hash)
+        self._anchored = anchor is not None
         return self._cursor
 
     def _start_block_hash(self) -> str | None:
@@ -250,18 +269,46 @@ class Indexer:
                 f"{chain_hash[:16]}… at block {self.start_block} (a devnet restarted since?): run "
                 "`krill index rebuild`, or set database.url to another database")
 
+    def _block_hash(self, number: int) -> str:
+        w3 = self.chain.w3
+        return bytes(with_retries(lambda: w3.eth.get_block(number)["hash"], "eth_getBlockByNumber",
+                                  endpoint=endpoint_of(w3))).hex()
+
+    def _check_tip(self, hashes: dict[int, str]) -> None:
+        """The chain still has the last indexed block as indexed (from `hashes`, the logs' block hashes,
+        where they hold it; else one block read). IndexMismatchError when it has another block there;
+        ChainUnavailableError while it has none (see the module docstring)."""
+        if self._tip is None:
+            return
+        number, indexed = self._tip
+        if number in hashes:
+            now = hashes[number]
+        else:
+            try:
+                now = self._block_hash(number)
+            except BlockNotFound:
+                raise ChainUnavailableError(
+                    f"the chain at {endpoint_of(self.chain.w3)} has no block {number}, which this index has read "
+                    "(a node behind the others, or a restarted chain): waiting until it can be told apart") from None
+        if now != indexed:
+            raise IndexMismatchError(
+                f"the chain at {endpoint_of(self.chain.w3)} no longer has block {number} as indexed (hash "
+                f"{indexed[:16]}…, now {now[:16]}…): a reorganisation deeper than the {self.confirmations} "
+                "confirmations, or a restarted chain; run `krill index rebuild`")
+
     # ------------------------------------------------------------------ passes
 
     def sync(self) -> SyncReport:
         """Index every confirmed block not yet indexed, then fetch pending content; one pass."""
-        if self._cursor is None:  # this process's first pass: read the cursor, and the head below
+        if self._cursor is None or not self._anchored:  # first pass, or the chain was short of the start block
             self.next_block()
         elif self.latest_logs and self.confirmations == 0:
             first = self._cursor
-            events, stamped, newest = self._logs_since(first)
+            events, stamped, newest, hashes = self._logs_since(first)
             if newest is not None:
                 report = SyncReport(from_block=first, next_block=first, safe_head=newest)
-                if self._apply(first, newest, events, stamped, report):
+                self._check_tip(hashes)
+                if self._apply(first, newest, events, stamped, report, hashes.get(newest) or self._block_hash(newest)):
                     return self._fetch(report)
             elif time.monotonic() - self._head_read_at < HEAD_READ_S:
                 # no head read: the newest block known is the last one indexed
@@ -271,19 +318,24 @@ class Indexer:
         self._head_read_at = time.monotonic()
         report = SyncReport(from_block=first, next_block=first, safe_head=safe)
         start = first
+        self._check_tip({})  # also with no new block: a chain that went back is not left unnoticed
         while start <= safe:
             end = min(safe, start + self.batch_blocks - 1)
-            events, stamped, _ = self._logs(start, end)
-            if not self._apply(start, end, events, stamped, report):
+            end_hash = self._block_hash(end)  # before its logs: a reorg in between then shows on the next check
+            events, stamped, _, _ = self._logs(start, end)
+            if not self._apply(start, end, events, stamped, report, end_hash):
                 start = self._cursor  # another indexer applied this range: go on from its cursor
                 continue
             start = end + 1
         return self._fetch(report)
 
     def _apply(self, start: int, end: int, events: list[ChainEvent], stamped: dict[int, int],
-               report: SyncReport) -> bool:
-        """Apply blocks start..end's `events` and move the cursor past them, under the write lock;
-        False (nothing applied) where the database's cursor is not at `start`, which is then kept."""
+               report: SyncReport, end_hash: str) -> bool:
+        """Apply blocks start..end's `events` and move the cursor past them, under the write lock, with
+        block `end`'s hash as the tip; False (nothing applied) where the database's cursor is not at
+        `start`, which is then kept."""
+        from krill.db.models import IndexAnchor
+
         times = self._block_times(events, stamped)
         with self.db.write() as session:
             meta = self._meta(session)
@@ -294,7 +346,12 @@ class Indexer:
             applied = sum(apply_event(session, event, times[event.block_number], self.trust_prior, known)
                           for event in events)
             meta.next_block = end + 1
-        self._cursor = end + 1
+            tip = session.get(IndexAnchor, TIP_ROW)
+            if tip is None:
+                session.add(IndexAnchor(id=TIP_ROW, block_number=end, block_hash=end_hash))
+            else:
+                tip.block_number, tip.block_hash = end, end_hash
+        self._cursor, self._tip = end + 1, (end, end_hash)
         if applied:
             self._content_due = True
         report.events += applied

@@ -65,7 +65,7 @@ def test_a_batch_looks_its_events_up_once_and_applies_a_repeated_event_once(db, 
     ix = indexer(sc, db, store)
     ix.sync()
     first = rows(db)
-    events, _, _ = ix._logs(sc.deployment.block_number, sc.w3.eth.block_number)
+    events, *_ = ix._logs(sc.deployment.block_number, sc.w3.eth.block_number)
     assert len(events) > 20
     with db.write() as s:
         known = ingest.known_events(s, events)

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 from db_checks import assert_index_matches_chain, assert_scenario_rows
 from db_scenario import play
+from sqlalchemy import func, select
 
 from krill.chain.anvil import AnvilProcess
 from krill.chain.client import KrillChain
@@ -18,7 +19,7 @@ from krill.chain.types import Role
 from krill.commands.index_cmd import index
 from krill.db import indexer as indexer_module
 from krill.db.indexer import Indexer
-from krill.db.models import INDEX_TABLES
+from krill.db.models import INDEX_TABLES, ChainEventRow
 from krill.db.session import open_database, table_rows
 from krill.store.local import LocalStore
 
@@ -154,14 +155,15 @@ def test_block_times_come_from_the_logs_and_equal_the_blocks(anvil_played, tmp_p
 
     class BlockReading(Indexer):
         def _logs(self, start, end):
-            events, _stamped, newest = super()._logs(start, end)
-            return events, {}, newest
+            events, _stamped, newest, hashes = super()._logs(start, end)
+            return events, {}, newest, hashes
 
     with open_database(f"sqlite:///{tmp_path / 'logs.db'}") as from_logs, \
             open_database(f"sqlite:///{tmp_path / 'blocks.db'}") as from_blocks:
         Indexer(KrillChain(w3, sc.deployment.protocol), from_logs, store, start_block=sc.deployment.block_number).sync()
-        # one block read: the start block's hash, once per process (`IndexAnchor`), none for the times
-        assert "eth_getLogs" in sent and sent.count("eth_getBlockByNumber") == 1
+        # two block reads: the start block's hash, once per process (`IndexAnchor`), and the batch's last
+        # block's (the tip the next pass checks); none for the times
+        assert "eth_getLogs" in sent and sent.count("eth_getBlockByNumber") == 2
         BlockReading(KrillChain(w3, sc.deployment.protocol), from_blocks, store,
                      start_block=sc.deployment.block_number).sync()
         assert sent.count("eth_getBlockByNumber") > 2
@@ -203,3 +205,45 @@ def test_an_indexer_reading_to_latest_skips_the_head_read_and_indexes_the_same(a
         assert "eth_blockNumber" in sent and caught_up.next_block == head + 1
         Indexer(chain, plain, start_block=deployment.block_number).sync()
         assert comparable(db) == comparable(plain)
+
+
+@pytest.mark.parametrize("latest_logs", [False, True])
+def test_a_chain_that_went_back_under_the_index_is_caught_not_mixed_in(anvil_played, tmp_path, monkeypatch,
+                                                                       latest_logs):
+    """A reorganisation deeper than the confirmations, or a devnet restarted under a long-running indexer:
+    the index's last block is gone (wait: nothing is applied) or has another hash (refused), and the
+    other chain's events are never applied on top of the old rows. Anvil's snapshot and revert play it."""
+    from krill.errors import ChainUnavailableError
+    from krill.db.errors import IndexMismatchError
+
+    node, _sc, _store = anvil_played
+    monkeypatch.setattr(indexer_module, "HEAD_READ_S", 0.0)
+    w3 = connect_http(node.rpc_url)
+    admin = dev_account(0)
+    deployment = deploy(w3, admin)
+    chain = KrillChain(w3, deployment.protocol, admin)
+    with open_database(f"sqlite:///{tmp_path / 'index.db'}") as db:
+        ix = Indexer(chain, db, start_block=deployment.block_number, latest_logs=latest_logs)
+        ix.sync()
+        snapshot = w3.provider.make_request("evm_snapshot", [])["result"]
+        chain.set_minimum_stake(Role.WORKER, 101 * TOKEN)
+        assert ix.sync().events == 1
+        tip = w3.eth.block_number
+        assert w3.provider.make_request("evm_revert", [snapshot])["result"] is True
+        chain.reset_nonces()  # the admin's last transaction went with the reverted block
+        assert w3.eth.block_number == tip - 1
+        with pytest.raises(ChainUnavailableError, match=f"has no block {tip}, which this index has read"):
+            ix.sync()
+        chain.set_minimum_stake(Role.WORKER, 102 * TOKEN)  # block `tip` again, another one
+        mine(w3, 1)
+        with pytest.raises(IndexMismatchError, match=f"no longer has block {tip} as indexed.*krill index rebuild"):
+            ix.sync()
+        with pytest.raises(IndexMismatchError):  # a new process too
+            Indexer(chain, db, start_block=deployment.block_number, latest_logs=latest_logs).sync()
+        with db.session() as s:
+            events = s.scalar(select(func.count()).select_from(ChainEventRow))
+        fresh = Indexer(chain, db, start_block=deployment.block_number, latest_logs=latest_logs)
+        fresh.rebuild()
+        with db.session() as s:  # the other chain's event replaces the old one; none is mixed in
+            assert s.scalar(select(func.count()).select_from(ChainEventRow)) == events
+        assert fresh.sync().events == 0
