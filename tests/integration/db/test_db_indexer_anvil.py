@@ -213,8 +213,8 @@ def test_a_chain_that_went_back_under_the_index_is_caught_not_mixed_in(anvil_pla
     """A reorganisation deeper than the confirmations, or a devnet restarted under a long-running indexer:
     the index's last block is gone (wait: nothing is applied) or has another hash (refused), and the
     other chain's events are never applied on top of the old rows. Anvil's snapshot and revert play it."""
-    from krill.errors import ChainUnavailableError
     from krill.db.errors import IndexMismatchError
+    from krill.errors import ChainUnavailableError
 
     node, _sc, _store = anvil_played
     monkeypatch.setattr(indexer_module, "HEAD_READ_S", 0.0)
