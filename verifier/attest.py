@@ -5,12 +5,23 @@ Design decisions:
   fetch. The document is a pinned raw block, so its CID follows from the attested digest.
 - The contract is the last word on "once per verifier": an `AttestationDuplicate` revert means an
   earlier run of this verifier attested (crashed before recording it), which is success, and the
-  chain's verdict is what gets recorded. `AttestationWindowClosed` means the work came too late:
+  chain's verdict is what gets recorded. The estimate that raises it runs against the pending block
+  and the chain's verdict is read at the latest one: when the earlier attestation is only pending (a
+  try whose receipt came too late), there is no verdict to record yet, and `AttestationUnsettled`, a
+  passing fault, has the loop look again later (our own `ok` is never assumed: the pending
+  transaction may still be dropped). `AttestationWindowClosed` means the work came too late:
   the commit is recorded as missed, nothing is lost on-chain. `AttestationLimitReached` means the
   contract already holds its cap of verdicts with this outcome (passes and failures are capped
   separately, so a failure always has room until 32 failures are in): also recorded as missed,
   with that reason. Other reverts (for instance this
   verifier is no longer eligible) are not tolerated: they surface to the user.
+- A transaction that passed its estimate can still fail once mined (the window closed, or the cap
+  filled, in between). `krill.chain.tx` replays it to recover the revert, and where no replay
+  reverts it raises a `ContractRevert` that names no Solidity error (`error_name` "Revert"). That
+  one is settled by what the chain shows now: our
+  attestation there (an earlier try was mined first) is the verdict; a window no transaction can
+  still land in is `window_closed`; otherwise it is `AttestationUnsettled`, and the retry's estimate
+  names what changed (a full cap, lost eligibility) or it attests.
 - Passing faults propagate (a store that fails the evidence upload; web3's `TimeExhausted`, a
   transaction whose receipt never came): the loop retries the commit (`loop.transient_faults`)
   with the verdict it already has, and asks the contract first whether this verifier's
@@ -24,9 +35,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from krill.chain import errors as E
+from krill.errors import ContractRevert, KrillError
+from krill.verifier import select
 from krill.verifier.evidence import Evidence, publish_evidence
 from krill.verifier.replay import ReplayResult
 from krill.verifier.state import Job
+
+
+class AttestationUnsettled(KrillError):
+    """Whether this verifier's attestation counts is not on-chain yet: a passing fault, retried."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +87,29 @@ def attest(chain, store, spec, who: Who, job: Job, randomness: bytes, result: Re
     cid, digest = publish_evidence(store, evidence)
     try:
         receipt = chain.attest(job.commit_id, result.ok, digest)
-    except E.AttestationDuplicate:
+    except E.AttestationDuplicate as exc:
         earlier = chain.attestation_of(job.commit_id, who.address)
+        if not earlier.exists:  # ours is in the pending block only: its verdict is not on-chain yet
+            raise AttestationUnsettled(f"this verifier's attestation of commit {job.commit_id} is pending, "
+                                       "not mined yet") from exc
         return Attestation("duplicate", bool(earlier.ok), None, None)
     except E.AttestationWindowClosed:
         return Attestation("window_closed", result.ok, cid, None)
     except E.AttestationLimitReached:  # 32 verifiers already attested this outcome: ours adds nothing
         return Attestation("limit_reached", result.ok, cid, None)
+    except ContractRevert as exc:
+        if exc.error_name != ContractRevert.error_name:
+            raise  # a revert naming its Solidity error, not tolerated above (this verifier is not eligible, ...)
+        return _settle_mined_failure(chain, spec, who, job, result, cid, exc)
     return Attestation("attested", result.ok, cid, receipt.transaction_hash)
+
+
+def _settle_mined_failure(chain, spec, who: Who, job: Job, result: ReplayResult, cid: str,
+                          exc: ContractRevert) -> Attestation:
+    """What an attestation that was mined but failed, with no reason the replay could name, comes to."""
+    earlier = chain.attestation_of(job.commit_id, who.address)
+    if earlier.exists:  # an earlier try of ours was mined first
+        return Attestation("duplicate", bool(earlier.ok), None, None)
+    if not select.can_still_attest(chain.block_number(), job.commit_block, spec.chain.challenge_window_blocks):
+        return Attestation("window_closed", result.ok, cid, None)
+    raise AttestationUnsettled(f"{exc}; the retry's estimate names what changed") from exc

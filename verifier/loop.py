@@ -18,13 +18,16 @@ Design decisions:
   back-off until the last quarter of the window, then attested as unavailable; run data that
   cannot be loaded is retried and, if the window closes, recorded as missed (never the
   worker's fault). A passing fault while handling a commit (`transient_faults`: a transaction
-  whose receipt never came, from a seal or the attestation; any store error, such as Kubo timing
+  whose receipt never came, from a seal or the attestation; an attestation whose fate the chain
+  does not show yet, `attest.AttestationUnsettled`; any store error, such as Kubo timing
   out on the evidence upload, which it reports as `ContentNotFoundError`, or an HTTP 5xx) is
   retried for that commit with the same back-off while its window lasts, then recorded as
   missed with the fault as the reason. The replay's verdict is kept meanwhile, so a retry does
   not replay again (except a verdict of "unavailable": the payload may be there by the retry), and an attestation whose transaction landed after all is found on-chain by
   the check before attesting (or, the window closed meanwhile, by one before recording it as
-  missed) and recorded as attested. Any other error while handling one commit is a bug, recorded
+  missed) and recorded as attested. An outage that cuts off the handling of a commit counts as its
+  fault too: the pass aborts as above, and if the window closes before the chain is back, the
+  attestation it may have sent is looked for before the commit is recorded as missed. Any other error while handling one commit is a bug, recorded
   as `error` for that commit, and the loop goes on; losing eligibility to attest stops the loop
   with the contract's reason.
 - Corroboration: the loop also reads `Attested` events (same stream, same persisted cursor), and
@@ -58,7 +61,7 @@ from krill.chain import errors as E
 from krill.errors import ChainUnavailableError, StoreError, StoreUnavailableError
 from krill.store.fetcher import Fetcher
 from krill.verifier import select
-from krill.verifier.attest import Who, attest
+from krill.verifier.attest import AttestationUnsettled, Who, attest
 from krill.verifier.replay import (
     PayloadUnavailable,
     Replayer,
@@ -86,7 +89,7 @@ def transient_faults() -> tuple[type[BaseException], ...]:
     """Faults that pass: retried for the commit while its window lasts, never recorded as `error`."""
     from web3.exceptions import TimeExhausted
 
-    return (TimeExhausted, StoreError)
+    return (TimeExhausted, StoreError, AttestationUnsettled)
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,9 @@ class VerifierLoop:
                 continue
             try:
                 self._handle(job, reads)
-            except UNREACHABLE:
+            except UNREACHABLE as exc:
+                # The outage may have cut off an attestation already sent: the window-closed check asks.
+                self._faults[job.commit_id] = f"{type(exc).__name__}: {exc}"[:300]
                 raise
             except E.StakeNotEligible:
                 raise

@@ -1,6 +1,7 @@
 """Whose fault, and what the verifier does about it, against in-process fakes of chain and store: passing
 faults while attesting are retried within the commit's window (an attestation that landed after all is
-found on-chain); run data that fails to parse is never charged to the worker; a header whose nonce is not
+found on-chain, also after an outage that outlasted the window); an attestation mined but failed for no
+reason its replay names is settled by what the chain shows, never recorded as an error; run data that fails to parse is never charged to the worker; a header whose nonce is not
 its commit's fails the worker."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from nacl.signing import SigningKey
 from web3.exceptions import TimeExhausted
 
 import krill.verifier.loop as loop_module
-from krill.errors import ContentNotFoundError, StoreError, StoreUnavailableError
+from krill.errors import ContentNotFoundError, ContractRevert, StoreError, StoreUnavailableError
 from krill.payload.header import HeaderBody
 from krill.payload.limits import PayloadLimits
 from krill.store.cid import digest_to_cid, file_cid
@@ -338,3 +339,60 @@ def test_an_unavailable_verdict_is_not_kept_across_a_fault_while_attesting(tmp_p
     store.fault = None
     loop.step()
     assert chain.sent == 0 and state.decision(7).status == PENDING  # replayed, not the kept FAIL attested
+
+
+def test_an_attestation_sent_before_a_chain_outage_that_outlasts_the_window_is_found_on_chain(verifier):
+    from krill.errors import ChainUnavailableError
+
+    chain = verifier.chain
+    chain.attest_raises = ChainUnavailableError("http://127.0.0.1:8545: connection refused after 5 tries")
+    chain.lands = True  # sent, then the node went away before the receipt was read
+    with pytest.raises(ChainUnavailableError):
+        verifier.step()  # the loop's `run` backs off; the outage lasts past the window
+    chain.attest_raises = None
+    chain.head = COMMIT_BLOCK + WINDOW
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert (decision.status, decision.ok) == (ATTESTED, True) and chain.sent == 1
+
+
+class TransactionFailed(ContractRevert):
+    """As `krill.chain.tx` may name a mined failure no replay explains: a ContractRevert naming no error."""
+
+
+def _mined_but_failed(kind=ContractRevert):
+    return kind("attest: transaction 0x12 failed on chain (status 0) and its replay did not revert; "
+                "the state it depended on changed in between")
+
+
+@pytest.mark.parametrize("landed", [False, True])
+def test_an_attestation_that_fails_once_mined_with_the_window_still_open_is_retried_not_an_error(verifier, landed):
+    chain = verifier.chain
+    chain.attest_raises = _mined_but_failed()
+    verifier.step()
+    assert verifier.state.decision(7).status == PENDING
+    assert any("AttestationUnsettled" in line and "failed on chain" in line for line in verifier.lines)
+    chain.attest_raises, chain.lands = None, landed  # landed: an earlier try of ours was mined meanwhile
+    if landed:
+        chain.attestations[7] = SimpleNamespace(exists=True, ok=True)
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert (decision.status, decision.ok) == (ATTESTED, True)
+    assert chain.sent == (1 if landed else 2)
+
+
+@pytest.mark.parametrize("kind", [ContractRevert, TransactionFailed])
+def test_an_attestation_that_fails_once_mined_after_the_window_closed_is_missed_not_an_error(verifier, kind):
+    chain = verifier.chain
+    chain.attest_raises = _mined_but_failed(kind)
+    original = chain.attest
+
+    def attest_mined_late(*args):
+        chain.head = COMMIT_BLOCK + WINDOW + 1  # mined in the block after the window's last
+        return original(*args)
+
+    chain.attest = attest_mined_late
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert decision.status == MISSED and "window closed" in decision.reason and decision.evidence_cid is not None
+    assert chain.sent == 1 and verifier.attested == 0
