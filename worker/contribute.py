@@ -35,6 +35,20 @@ Design decisions:
   this worker, so verifiers fail that commit), `nonce-reused` when this worker already committed
   this (version, nonce) under another digest (a state that lost its nonce sequence). Stopping on
   either left the contribution pending, and every restart stopped on it again.
+- Those verdicts are read at the latest block, never guessed from the pending one: the commit's
+  estimate runs against the pending block, where our own earlier transaction of the same digest may
+  still sit (a receipt that timed out and was retried). A duplicate revert whose commit is not mined
+  yet waits for the next block and commits again (the estimate refuses while ours is pending, and
+  the commit it names is then read at the latest block); `nonce-reused` is decided only from a mined
+  commit of this (version, nonce) under another digest, so a contribution whose own transaction may
+  still land is never logged as lost nor its bytes deleted.
+- A commit that passed its estimate can still fail once mined (status 0): what beat it landed in
+  the same block, ahead of it (a front-runner's copy of the digest, a `publishVersion` that made
+  it stale). `krill.chain.tx` names that revert where a replay recovers it, and the cases above
+  handle it; a failure no replay explains (`TransactionFailed`) is classified from the chain as a
+  resumed submit is: the digest's commit (ours: committed; another's: front-run), else the latest
+  version (stale), else the stake (jailed, not staked), else the commit is sent once more and a
+  second such failure stops the worker.
 """
 
 from __future__ import annotations
@@ -317,6 +331,7 @@ class Contributor:
         """Upload and commit a saved contribution (idempotent; see the module docstring)."""
         from krill.chain import errors as E
         from krill.chain.events import Committed
+        from krill.chain.tx import TransactionFailed
 
         digest = bytes.fromhex(pending.digest)
         if resumed:  # a fresh contribution's digest cannot be on-chain yet (its nonce was just reserved)
@@ -330,39 +345,101 @@ class Contributor:
         uploaded = self._upload(header, files) if self.behavior.uploads else 0
         seconds = dict(seconds) | {"upload": time.perf_counter() - t}
         t = time.perf_counter()
-        try:
-            receipt = self.backoff.call(lambda: self.chain.commit(self.spec.run_id, pending.model_version,
-                                                                  pending.nonce, digest), "chain (commit)")
-            commit_id = receipt.event(Committed).commit_id
-        except (E.CommitVersionTooStale, E.CommitVersionFromFuture) as exc:
-            seconds["commit"] = time.perf_counter() - t
-            return self._finish(self._outcome(STALE, pending, seconds, started, resumed, bytes_uploaded=uploaded,
-                                              detail=f"contract: {exc}"))
-        except (E.CommitDuplicate, E.CommitDigestTaken) as exc:
-            # Ours already (a retry after a lost receipt), someone else's copy of our digest, or our
-            # (version, nonce) taken by another digest of ours.
-            seconds["commit"] = time.perf_counter() - t
-            commit_id, committer = self._commit_of_digest(digest)
-            if commit_id and not self._mine(committer):
-                return self._front_run(pending, seconds, started, resumed, commit_id, committer, uploaded)
-            if not commit_id:
-                if not isinstance(exc, E.CommitDuplicate):  # the chain named the digest taken, then had no commit of it
-                    raise WorkerStateError(f"the contract refused digest {pending.digest} as taken ({exc}), but no "
-                                           "commit of it is found; restart the worker to try the commit again") from exc
-                detail = (f"nonce {pending.nonce} at version {pending.model_version} is already committed by this "
-                          f"worker under another digest ({exc}): its nonce sequence was reused; the contribution "
-                          "is lost and the worker goes on with its next nonce")
-                return self._finish(self._outcome(NONCE_REUSED, pending, seconds, started, resumed,
-                                                  bytes_uploaded=uploaded, detail=detail))
-        except (E.StakeJailed, E.StakeNotEligible) as exc:
-            info = self.chain.stake_of(self.who.worker)
-            if info.jailed:
-                raise JailedError(jailed_message(self.who.worker)) from exc
-            raise NotStakedError(f"the contract refuses commits of {self.who.worker} ({exc}): "
-                                 "run `krill worker stake`") from exc
+        retried_failure = False
+        waited = False
+        while True:
+            try:
+                receipt = self.backoff.call(lambda: self.chain.commit(self.spec.run_id, pending.model_version,
+                                                                      pending.nonce, digest), "chain (commit)")
+                commit_id = receipt.event(Committed).commit_id
+                break
+            except (E.CommitVersionTooStale, E.CommitVersionFromFuture) as exc:
+                seconds["commit"] = time.perf_counter() - t
+                return self._finish(self._outcome(STALE, pending, seconds, started, resumed, bytes_uploaded=uploaded,
+                                                  detail=f"contract: {exc}"))
+            except (E.CommitDuplicate, E.CommitDigestTaken) as exc:
+                # Ours already (a retry after a lost receipt), ours still in the pool (a receipt that timed
+                # out), someone else's copy of our digest, or our (version, nonce) taken by another digest.
+                taken = self._taken(exc, digest)
+                if taken is None:
+                    waited = self._wait_block(pending, exc, waited)
+                    continue
+                seconds["commit"] = time.perf_counter() - t
+                commit_id, committer = taken
+                if not commit_id:
+                    detail = (f"nonce {pending.nonce} at version {pending.model_version} is already committed by "
+                              f"this worker under another digest ({exc}): its nonce sequence was reused; the "
+                              "contribution is lost and the worker goes on with its next nonce")
+                    return self._finish(self._outcome(NONCE_REUSED, pending, seconds, started, resumed,
+                                                      bytes_uploaded=uploaded, detail=detail))
+                if not self._mine(committer):
+                    return self._front_run(pending, seconds, started, resumed, commit_id, committer, uploaded)
+                break
+            except TransactionFailed as exc:
+                # Mined and failed, and no replay said why: classified from the chain as a resumed submit is.
+                seconds["commit"] = time.perf_counter() - t
+                commit_id, committer = self._commit_of_digest(digest)
+                if commit_id and not self._mine(committer):
+                    return self._front_run(pending, seconds, started, resumed, commit_id, committer, uploaded)
+                if commit_id:
+                    break
+                run = self.backoff.call(lambda: self.chain.run_of(self.spec.run_id), "chain (run)")
+                if pending.model_version + run.params.max_staleness < run.latest_version:
+                    detail = (f"contract: version {pending.model_version} is more than S_max="
+                              f"{run.params.max_staleness} behind version {run.latest_version} ({exc})")
+                    return self._finish(self._outcome(STALE, pending, seconds, started, resumed,
+                                                      bytes_uploaded=uploaded, detail=detail))
+                self._check_stake(exc, refused=False)
+                if retried_failure:
+                    raise
+                retried_failure = True  # its estimate now names what refuses it, if anything still does
+                self.echo(f"{exc}; the digest is not committed and version {pending.model_version} is not stale: "
+                          "committing again")
+            except (E.StakeJailed, E.StakeNotEligible) as exc:
+                self._check_stake(exc, refused=True)
         seconds["commit"] = time.perf_counter() - t
         return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=commit_id,
                                           bytes_uploaded=uploaded))
+
+    def _taken(self, exc, digest: bytes) -> tuple[int, str] | None:
+        """What a duplicate revert found, at the latest block: (id, committer) of the commit of `digest`, or
+        (0, "") when our (version, nonce) is taken by a commit of another digest; None while what took it is
+        only in the pending block the estimate ran against (most likely our own earlier transaction)."""
+        from krill.chain import errors as E
+
+        if isinstance(exc, E.CommitDuplicate):
+            # The commit it names is ours (the key holds the sender) and never changes once mined.
+            existing = int(exc.revert_args[-1])
+            info = self.backoff.call(lambda: self.chain.commit_of(existing), "chain (commit lookup)")
+            if int(info.worker, 16) == 0:
+                return None
+            return (existing, info.worker) if bytes(info.header_digest) == digest else (0, "")
+        commit_id, committer = self._commit_of_digest(digest)
+        return (commit_id, committer) if commit_id else None
+
+    def _wait_block(self, pending: Pending, exc: Exception, said: bool) -> bool:
+        """Wait for the next block (what took our key or digest in the pending block lands or leaves the pool
+        by then); says why once per contribution. Returns True (said)."""
+        if not said:
+            self.echo(f"nonce {pending.nonce}: the contract refuses its commit at the pending block ({exc}), but "
+                      "no commit of it is mined yet (our own transaction still in the pool?); waiting for the "
+                      "next block to decide")
+        first = self.backoff.call(self.chain.block_number, "chain (block number)")
+        while self.backoff.call(self.chain.block_number, "chain (block number)") <= first:
+            self.backoff.sleep(self.backoff.initial_s)
+        return True
+
+    def _check_stake(self, exc: Exception, refused: bool) -> None:
+        """Raise `JailedError` or `NotStakedError` if the stake is why the contract refused a commit (`refused`:
+        the contract said so; otherwise the stake is read and judged here)."""
+        from krill.chain.types import Role
+
+        info = self.chain.stake_of(self.who.worker)
+        if info.jailed:
+            raise JailedError(jailed_message(self.who.worker)) from exc
+        if refused or not self.chain.is_eligible(self.who.worker, Role.WORKER):
+            raise NotStakedError(f"the contract refuses commits of {self.who.worker} ({exc}): "
+                                 "run `krill worker stake`") from exc
 
     def _upload(self, header: bytes, files: dict[str, bytes]) -> int:
         """Store every file and the header block; check the store names them as the header does."""

@@ -7,7 +7,11 @@ Design decisions:
   the call a dozen times, a single call and a fixed limit instead): a revert surfaces there,
   before a nonce is spent, and is raised as the Python class of its Solidity custom error. If a mined transaction still fails
   (state changed in between) it is replayed as a call against its block's parent to recover the
-  error.
+  error, and, when that does not revert, against its block itself: what beat it usually landed in
+  the same block, ahead of it (a front-runner's copy seen in the mempool, a `publishVersion` that
+  made a commit stale), so only the block's own state holds it. Either replay names a likely cause,
+  not a proof (a block's later transactions are in its state too); callers that must be sure look
+  the state up. A failure that neither replay explains is a `TransactionFailed`.
 - Nonces are tracked per sender by a `NonceBook` shared by all clients on the same chain
   connection: the first send reads the pending count, later sends increment locally (no
   round-trip, no collisions between clients of one account in this process). Any failure after
@@ -47,6 +51,14 @@ from krill.phases import phase
 E = TypeVar("E", bound=ChainEvent)
 IN_PROCESS_GAS_LIMIT = 10_000_000
 FEE_REUSE_S = 1.0  # how long a transactor reuses the fees it read (`Transactor._fees`)
+
+
+class TransactionFailed(ContractRevert):
+    """A mined transaction failed (status 0) and no replay of it reverted (`Transactor._failure`)."""
+
+    def __init__(self, message: str, transaction_hash: str, block_number: int):
+        super().__init__(message)
+        self.transaction_hash, self.block_number = transaction_hash, block_number
 
 
 @dataclass(frozen=True)
@@ -335,14 +347,18 @@ class Transactor:
         return True
 
     def _failure(self, tx: dict, receipt: Any, what: str) -> ChainError:
+        """The error of a mined, failed transaction: the revert of its replay against its block's parent,
+        else against the block itself (see the module docstring), else a `TransactionFailed`."""
         call = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
         call["from"] = self.address
-        try:
-            self._rpc(lambda: self.w3.eth.call(call, receipt["blockNumber"] - 1), f"{what} (replay)")
-        except Exception as exc:  # noqa: BLE001 - the replay exists only to recover the revert
-            revert = revert_from_exception(exc, what)
-            if revert is not None:
-                return revert
+        block = receipt["blockNumber"]
+        for at in (block - 1, block):
+            try:
+                self._rpc(lambda at=at: self.w3.eth.call(call, at), f"{what} (replay)")
+            except Exception as exc:  # noqa: BLE001 - the replay exists only to recover the revert
+                revert = revert_from_exception(exc, what)
+                if revert is not None:
+                    return revert
         tx_hash = "0x" + bytes(receipt["transactionHash"]).hex()
-        return ContractRevert(f"{what}: transaction {tx_hash} failed on chain (status 0) and its replay "
-                              "did not revert; the state it depended on changed in between")
+        return TransactionFailed(f"{what}: transaction {tx_hash} failed on chain (status 0) in block {block} and "
+                                 "no replay of it reverted (before or after its block)", tx_hash, block)

@@ -16,7 +16,7 @@ from krill.errors import ContentNotFoundError, IntegrityError, ModelError, Paylo
 from krill.store.cid import file_cid, raw_block_cid
 from krill.store.unixfs import ObjectTooLargeError
 from krill.worker.backoff import Backoff
-from krill.worker.contribute import COMMITTED, FRONT_RUN, NONCE_REUSED, Contributor
+from krill.worker.contribute import COMMITTED, FRONT_RUN, NONCE_REUSED, STALE, Contributor
 from krill.worker.errors import BrokenVersionError
 from krill.worker.nonce_state import Pending, WorkerState
 from krill.worker.source import RunSource
@@ -39,8 +39,10 @@ class FakeChain:
         return self.by_digest.get(digest, (0, ""))[0]
 
     def commit_of(self, commit_id: int):
-        worker = next(w for i, w in self.by_digest.values() if i == commit_id)
-        return SimpleNamespace(worker=worker)
+        """The commit, or the contract's zero struct (worker = zero address) for an id not mined."""
+        found = [(d, w) for d, (i, w) in self.by_digest.items() if i == commit_id]
+        digest, worker = found[0] if found else (bytes(32), "0x" + "00" * 20)
+        return SimpleNamespace(worker=worker, header_digest=digest)
 
     def commit(self, run_id, version, nonce, digest):
         if self.commit_raises is not None:
@@ -133,6 +135,7 @@ def test_a_nonce_already_committed_under_another_digest_is_dropped_not_fatal(tmp
     chain = FakeChain()
     contributor = _contributor(tmp_path, chain)
     pending, header = _save(contributor)
+    chain.by_digest[hashlib.sha256(b"another header").digest()] = (7, ME)  # an earlier life's commit of the nonce
     chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 7))
     outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
     assert outcome.status == NONCE_REUSED and f"nonce {pending.nonce}" in outcome.detail
@@ -148,6 +151,64 @@ def test_a_duplicate_revert_of_our_own_landed_commit_still_counts_as_committed(t
     chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 9))
     outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
     assert (outcome.status, outcome.commit_id) == (COMMITTED, 9)
+
+
+def _failed_on_chain(chain: FakeChain, latest: int, max_staleness: int = 2) -> None:
+    """The next commit is mined and fails with no replay that reverts (`TransactionFailed`); the run stands
+    at `latest` and the worker's stake is fine."""
+    from krill.chain.tx import TransactionFailed
+
+    chain.commit_raises = TransactionFailed("commit: transaction 0xab failed on chain (status 0)", "0xab", 12)
+    chain.run_of = lambda run_id: SimpleNamespace(latest_version=latest,
+                                                  params=SimpleNamespace(max_staleness=max_staleness))
+    chain.stake_of = lambda who: SimpleNamespace(jailed=False)
+    chain.is_eligible = lambda who, role: True
+
+
+def test_a_commit_mined_after_a_front_runners_copy_is_logged_front_run_and_the_worker_goes_on(tmp_path):
+    chain = FakeChain()
+    contributor = _contributor(tmp_path, chain)
+    pending, header = _save(contributor)
+    _failed_on_chain(chain, latest=3)
+    chain.by_digest[hashlib.sha256(header).digest()] = (41, THIEF)  # landed in our block, ahead of us
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert (outcome.status, outcome.nonce) == (FRONT_RUN, pending.nonce) and THIEF in outcome.detail
+    assert contributor.state.pending is None and contributor.state.history()[-1]["status"] == FRONT_RUN
+    chain.commit_raises = None
+    following, header2 = _save(contributor)
+    assert contributor.submit(following, header2, dict(FILES), {}, 0.0, resumed=False).status == COMMITTED
+
+
+def test_a_commit_mined_after_a_version_that_made_it_stale_is_logged_stale(tmp_path):
+    chain = FakeChain()
+    contributor = _contributor(tmp_path, chain)
+    pending, header = _save(contributor)  # at version 3
+    _failed_on_chain(chain, latest=6)  # 3 + S_max=2 < 6
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert outcome.status == STALE and "behind version 6" in outcome.detail
+    assert contributor.state.pending is None and contributor.state.history()[-1]["status"] == STALE
+
+
+def test_a_mined_failure_nothing_explains_is_committed_again_once(tmp_path):
+    from krill.chain.tx import TransactionFailed
+
+    chain = FakeChain()
+    lines: list[str] = []
+    contributor = _contributor(tmp_path, chain, lines=lines)
+    pending, header = _save(contributor)
+    _failed_on_chain(chain, latest=3)
+    commit = FakeChain.commit.__get__(chain)
+    failures = [chain.commit_raises]
+    chain.commit_raises = None
+    chain.commit = lambda *args: commit(*args) if not failures else (_ for _ in ()).throw(failures.pop())
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert outcome.status == COMMITTED and len(chain.commits) == 1
+    assert any("committing again" in line for line in lines)
+    second, header2 = _save(contributor)
+    _failed_on_chain(chain, latest=3)
+    with pytest.raises(TransactionFailed):  # twice: the worker stops, the contribution stays pending
+        contributor.submit(second, header2, dict(FILES), {}, 0.0, resumed=False)
+    assert contributor.state.pending == second
 
 
 def test_an_upload_the_store_fails_for_now_is_retried_and_a_misnamed_one_stops(tmp_path):
