@@ -5,6 +5,9 @@ Design decisions:
   (`contributions.jsonl`: committed, or dropped and why, e.g. stale) always; the coordinator's
   verdicts (accepted, rejected with reason codes) only when an index database for this deployment
   is at hand, since nothing on-chain records them; otherwise "unknown (no index)".
+- The log is counted per nonce, its last line winning: a crash between an outcome's log line and
+  the state write that clears the pending entry repeats the line on restart, marked `resumed`
+  (`krill.worker.nonce_state`), and that is still one contribution.
 - Status needs no password: the address comes from the keystore's public fields. It never creates
   the worker's state (see `WorkerState.peek`), so running it cannot hide a lost state directory
   from the nonce recovery of the next `run`.
@@ -26,13 +29,17 @@ def _local(config: KrillConfig, address: str, run_id: bytes | None) -> dict | No
     state = WorkerState.peek(role_state_dir(config, "worker", address), run_id, address)
     if state is None:
         return {"next_nonce": 0, "pending": None, "committed": 0, "dropped": {}, "recent_dropped": [], "log": None}
-    history = state.history()
-    dropped = [h for h in history if h.get("status") != "committed"]
+    latest: dict = {}  # nonce -> its last line, in the order of those last lines
+    for h in state.history():
+        latest.pop(h.get("nonce"), None)
+        latest[h.get("nonce")] = h
+    outcomes = list(latest.values())
+    dropped = [h for h in outcomes if h.get("status") != "committed"]
     return {
         "next_nonce": state.next_nonce,
         "pending": None if state.pending is None else {"nonce": state.pending.nonce,
                                                        "version": state.pending.model_version},
-        "committed": len(history) - len(dropped),
+        "committed": len(outcomes) - len(dropped),
         "dropped": dict(sorted(Counter(h.get("status", "?") for h in dropped).items())),
         "recent_dropped": [{"nonce": h.get("nonce"), "status": h.get("status"), "detail": h.get("detail", "")}
                            for h in dropped[-5:]],

@@ -193,3 +193,19 @@ def test_a_state_file_written_before_the_recovered_flag_recovers_again_and_only_
     old.recovered_to(3)  # the chain knows fewer commits than the local state: never moves back
     reopened = WorkerState.open(tmp_path, RUN, WORKER)
     assert reopened.recovered and reopened.next_nonce == 10
+
+
+def test_status_counts_each_nonce_once_when_a_crash_repeated_its_outcome_line(tmp_path, monkeypatch):
+    import krill.runtime
+    from krill.worker.status import _local
+
+    run, worker = hashlib.sha256(b"run").digest(), "0x" + "aa" * 20
+    monkeypatch.setattr(krill.runtime, "role_state_dir", lambda config, role, address: tmp_path)
+    state = WorkerState.open(tmp_path, run, worker)
+    # Each line written, then the process killed before the state write: the restart logs it again, resumed.
+    for nonce, status, resumed in [(0, "committed", False), (0, "committed", True), (1, "stale", False),
+                                   (1, "stale", True), (2, "front-run", False), (3, "committed", False)]:
+        state.log({"nonce": nonce, "status": status, "resumed": resumed, "detail": f"n{nonce}"})
+    local = _local(None, worker, run)
+    assert local["committed"] == 2 and local["dropped"] == {"front-run": 1, "stale": 1}
+    assert [d["nonce"] for d in local["recent_dropped"]] == [1, 2]
