@@ -28,7 +28,9 @@ Design decisions:
   fetching a new version's shards ahead) while its reading is fresh, else from the chain.
 - Contribution n + 1 is made while contribution n is saved, uploaded and committed in a
   background thread (`SubmitPipeline`, one in flight); its outcome is reported when it is known. The
-  per-version cap counts the commit in flight; `max_contributions` stops making new work once
+  per-version cap counts the commit in flight, and the commits that landed before this start (a
+  resumed one included), read at start-up from this worker's `Committed` events since the oldest
+  version it may still commit at was published; `max_contributions` stops making new work once
   the landed commits plus the one in flight reach it, and goes on if that one fails.
 - Sample ahead (`worker.sample_ahead`): a worker that has its share of the newest version draws
   the next contribution's rollouts at it while the coordinator folds, then waits for the next
@@ -96,6 +98,21 @@ def recover_nonces(state: WorkerState, chain, run_id: bytes, worker: str, from_b
     if not state.recovered:
         state.recovered_to(backoff.call(lambda: recover_next_nonce(chain, run_id, worker, from_block),
                                         "chain (events)"))
+
+
+def committed_per_version(chain, run_id: bytes, worker: str) -> dict[int, int]:
+    """This worker's commits per version at the versions it may still commit at (the newest and the S_max
+    before it), from its `Committed` events since the oldest of those was published (a few blocks' scan)."""
+    from krill.chain.events import Committed
+
+    run = chain.run_of(run_id)
+    lowest = max(0, run.latest_version - run.params.max_staleness)
+    from_block = chain.version_of(run_id, lowest).published_block or run.created_block
+    counts: dict[int, int] = {}
+    for ev in chain.events(from_block, kinds=(Committed,)):
+        if ev.run_id == run_id and ev.worker.lower() == worker.lower() and ev.version >= lowest:
+            counts[ev.version] = counts.get(ev.version, 0) + 1
+    return counts
 
 
 @dataclass
@@ -174,6 +191,10 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
          + (f" | resuming nonce {s.state.pending.nonce}" if s.state.pending else ""))
     tally = _Tally(echo, on_outcome)
     tally.report(s.contributor.resume())
+    # The cap counts what landed before this start too (a resumed commit included): read from the chain,
+    # after the resume, so nothing is counted twice.
+    tally.per_version = s.backoff.call(lambda: committed_per_version(s.chain, s.spec.run_id, s.identity.address),
+                                       "chain (events)")
 
     def eligible() -> None:
         check_eligible(s.chain, s.identity.address, s.identity.ed25519_public_key)
@@ -215,7 +236,7 @@ class _Tally:
             self.on_outcome(outcome)
         self.outcomes.append(outcome)
         self.committed += outcome.status == COMMITTED
-        if outcome.status == COMMITTED and outcome.model_version is not None and not outcome.resumed:
+        if outcome.status == COMMITTED and outcome.model_version is not None:  # a resumed one that landed too
             self.per_version[outcome.model_version] = self.per_version.get(outcome.model_version, 0) + 1
 
 
