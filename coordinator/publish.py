@@ -26,6 +26,9 @@ Design decisions:
   (tensors, optimizer states: the bytes just stored), so the next fold does not read back and
   re-hash what this process wrote (about a tenth of a demo version's coordinator time). After a
   restart, or when the chain already held the version, it is loaded from chain and store.
+- After the transaction, with the optimizer states, the contributions the version folded are
+  pinned in this coordinator's store (`pin_folded`): the record is public from then on, and
+  whoever audits or replays it needs them, whether or not their workers keep them.
 - `--shards` restricts the fold to the shards this coordinator serves; the others keep their
   weights and optimizer states (their outcome is absent from the record).
 """
@@ -33,6 +36,7 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 
@@ -40,6 +44,8 @@ from krill.coordinator.faults import halt_point
 from krill.coordinator.journal import DecisionState, VersionDecision
 from krill.errors import ChainError
 from krill.phases import phase
+
+log = logging.getLogger(__name__)
 
 
 class CoordinatorStateError(ChainError):
@@ -105,6 +111,24 @@ def store_states(ctx, pending) -> None:
             ctx.store.put_prepared(prepared, pin=True)
 
 
+def pin_folded(ctx, accepted: list[dict]) -> None:
+    """Pin the header and every file of each contribution the version folded, so that this
+    coordinator's store keeps what the published record names whatever its authors do (a worker
+    may unpin its uploads or go away; `krill audit` and a restart's replay need them). A pin the
+    store refuses is logged, not raised: the version stands, and is replayable while the content
+    lasts anywhere."""
+    from krill.coordinator.close import load_contribution
+    from krill.errors import KrillError
+
+    with phase("pin"):
+        for entry in accepted:
+            try:
+                c = load_contribution(ctx, int(entry["commit_id"]), entry["worker"], int(entry["model_version"]))
+                ctx.store.pin_all([c.header.cid, *(ref.cid for _, ref in sorted(c.header.files.items()))])
+            except KrillError as exc:
+                log.warning("commit %s: its content could not be pinned (%s)", entry["commit_id"], exc)
+
+
 def complete_version(ctx, version: int) -> Published:
     """Bring journalled `version` to the chain (whatever step a crash interrupted)."""
     with ctx.db.session() as s:
@@ -121,6 +145,7 @@ def complete_version(ctx, version: int) -> Published:
                                         f"(manifest {digest.hex()} against {info.manifest_digest.hex()}): "
                                         "another coordinator publishes this run?")
         store_states(ctx, pending)
+        pin_folded(ctx, row.accepted)
         _mark(ctx, version, DecisionState.PUBLISHED, info.manifest_digest, info.record_digest, sent)
         return Published(version, info.manifest_digest, info.record_digest, sent, 0.0, True)
     if latest != version - 1:
@@ -136,6 +161,7 @@ def complete_version(ctx, version: int) -> Published:
         ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
     halt_point("published")
     store_states(ctx, pending)
+    pin_folded(ctx, row.accepted)
     _mark(ctx, version, DecisionState.PUBLISHED, manifest_digest, record.digest, sent)
     ctx.adopt(state)
     return Published(version, manifest_digest, record.digest, sent, seconds, False)

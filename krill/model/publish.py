@@ -126,7 +126,7 @@ def _add(store, data: bytes) -> str:
     from krill.store.cid import file_cid
 
     cid = file_cid(data)
-    stored = store.add(data)
+    stored = store.add(data, pin=True)  # a version's weights, manifest and tokenizer outlive any garbage collection
     if stored != cid:
         raise ModelError(f"store: answered CID {stored} for content whose CID is {cid}")
     return cid

@@ -104,6 +104,11 @@ class ContentStore(ABC):
     def pin(self, cid: str) -> None:
         """Keep `cid` and everything under it."""
 
+    def pin_all(self, cids: list[str]) -> None:
+        """`pin` each of `cids` (a store that can pin several in one request overrides this)."""
+        for cid in cids:
+            self.pin(cid)
+
     @abstractmethod
     def unpin(self, cid: str) -> None:
         """Allow `cid` to be garbage-collected."""

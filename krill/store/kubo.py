@@ -167,6 +167,11 @@ class KuboStore(ContentStore):
     def pin(self, cid: str) -> None:
         self._post("pin/add", {"arg": normalize_cid(cid), "recursive": "true"})
 
+    def pin_all(self, cids: list[str]) -> None:
+        """One `pin/add` request for all of `cids` (the API takes `arg` repeated)."""
+        if cids:
+            self._post("pin/add", {"arg": [normalize_cid(c) for c in cids], "recursive": "true"})
+
     def unpin(self, cid: str) -> None:
         try:
             self._post("pin/rm", {"arg": normalize_cid(cid), "recursive": "true"})

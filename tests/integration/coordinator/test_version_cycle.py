@@ -63,6 +63,16 @@ def test_create_run_then_one_version_with_forged_and_stale_contributions(coordin
     manifest = env.store.get(record.manifest_cid)
     assert hashlib.sha256(manifest).digest() == info.manifest_digest
 
+    # The coordinator pinned what it folded (the workers' uploads here are not pinned): a garbage
+    # collection of the store keeps it, and the replay below needs it.
+    from krill.store.cid import digest_to_cid
+
+    folded = [(h.cid, *(ref.cid for ref in h.files.values())) for h, _ in honest]
+    assert all(cid in env.store.pins() for cids in folded for cid in cids)
+    assert forged_header.cid not in env.store.pins()
+    env.store.gc(grace_s=0.0)
+    assert not env.store.has(digest_to_cid(forged_header.digest))
+
     # The coordinator keeps version 1 as it folded it; loaded back from chain and store by a new
     # context it is the same, with the optimizer states (not stored: every 10th version is) replayed.
     assert all(o.optimizer_state_cid is None for o in record.shards)

@@ -87,9 +87,13 @@ class KuboLikeHandler(BaseHTTPRequestHandler):
                 if not self.store.has(params["arg"]):
                     return self._error(f"block was not found locally (offline): ipld: could not find {params['arg']}")
                 self._reply(200, json.dumps({"Key": params["arg"], "Size": 0}).encode())
-            elif command == "pin/add":
-                self.pins.add(params["arg"])
-                self._reply(200, json.dumps({"Pins": [params["arg"]]}).encode())
+            elif command == "pin/add":  # `arg` may repeat: several pins in one request
+                args = urllib.parse.parse_qs(url.query)["arg"]
+                missing = [a for a in args if not self.store.has(a)]
+                if missing:
+                    return self._error(f"pin: block was not found locally (offline): ipld: could not find {missing[0]}")
+                self.pins.update(args)
+                self._reply(200, json.dumps({"Pins": args}).encode())
             elif command == "pin/rm":
                 if params["arg"] not in self.pins:
                     return self._error("not pinned or pinned indirectly")
@@ -218,3 +222,14 @@ def test_unreachable_daemon():
     store = KuboStore("http://127.0.0.1:9", timeout_s=2)
     with pytest.raises(StoreUnavailableError, match="is the daemon running"):
         store.put_block(b"x")
+
+
+def test_pin_all_pins_several_in_one_request(kubo):
+    store, handler = kubo
+    cids = [store.add(random.Random(i).randbytes(100 + i)) for i in range(3)]
+    handler.seen.clear()
+    store.pin_all(cids)
+    assert handler.pins == set(cids)
+    assert [c for c, _ in handler.seen] == ["pin/add"]
+    with pytest.raises(ContentNotFoundError):
+        store.pin_all([raw_block_cid(b"absent")])
