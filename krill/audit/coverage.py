@@ -19,9 +19,12 @@ Design decisions:
   a version's record had no room (`had_room`), its due commits are judged at the next version whose
   record had room, together with that version's own.
 - A worker's own junk. A commit queued behind the same worker's content that never arrived waits
-  for it: a commit is not judged when an earlier commit of the same worker, committed less than a
-  challenge window before it, is rejected as `unavailable` or is itself not named yet. A worker can
-  only shield its own commits from this row so.
+  for it: a commit is not judged when an earlier commit of the same worker, committed at most a
+  challenge window before it, is named in a record as `unavailable`. Only a named rejection
+  excuses: an unnamed commit does not, else one `unavailable` claim (which the audit cannot check)
+  would excuse a chain of later commits a window apart, dropped in silence. The queue behind junk
+  is short-lived: the junk is slashed once a verifier fails it, and a jailed worker's commits are
+  rejected before any fetch.
 - Where: a commit may be named in any record of a version published after its block, up to and
   including v. Only those records are read (they are cached by the source), so the row costs a
   few records and two searches over block timestamps per version.
@@ -118,5 +121,5 @@ def _named_since(source: AuditSource, block: int, version: int) -> dict[int, str
 
 def _behind_own_junk(source: AuditSource, commit_id: int, named: dict[int, str], window: int) -> bool:
     block, worker = source.history.commits[commit_id]
-    return any(w == worker and c < commit_id and b >= block - window and named.get(c, "unavailable") == "unavailable"
+    return any(w == worker and c < commit_id and b >= block - window and named.get(c) == "unavailable"
                for c, (b, w) in source.history.commits.items())

@@ -146,7 +146,8 @@ def fitting_entries(accepted: list[dict], rejected: list[dict], num_shards: int)
     """(accepted, rejected): how many of each list (in order) keep the record within
     `MAX_RECORD_BYTES` with every shard's outcome, at the worst case of each figure the fold adds.
     Rejections take at most half of what the fixed parts leave (a 500-character reason can take
-    3 kB as JSON escapes); accepted entries take the rest, at least one."""
+    6 kB as JSON escapes: 12 bytes for a character outside the BMP); accepted entries take the
+    rest, at least one."""
     def size(value) -> int:  # as AggregationRecord.encode writes it
         return len(json.dumps(value, sort_keys=True, separators=(",", ":")))
 
@@ -173,7 +174,7 @@ def had_room(record: AggregationRecord, num_shards: int) -> bool:
     accepted = [e.model_dump(mode="json") for e in record.accepted]
     rejected = [e.model_dump(mode="json") for e in record.rejected]
     worst_rejected = RejectedEntry(commit_id=(1 << 256) - 1, worker="0x" + "f" * 40, reason_code="x" * 40,
-                                   reason="\u00e9" * 500).model_dump(mode="json")
+                                   reason="\U0010ffff" * 500).model_dump(mode="json")
     worst_accepted = AcceptedEntry(commit_id=(1 << 256) - 1, worker="0x" + "f" * 40, header_digest="f" * 64,
                                    model_version=(1 << 64) - 1, behaviour_version=(1 << 64) - 1,
                                    staleness=(1 << 64) - 1, trust=repr(0.1 + 0.2), weight=repr(0.1 + 0.2),

@@ -104,3 +104,21 @@ def test_a_run_younger_than_the_slack_has_nothing_due(tmp_path, seconds_per_bloc
     world.publish(1, block=50 if seconds_per_block == 12 else 500)
     world.publish(2, block=60 if seconds_per_block == 12 else 600)
     assert _coverage(world, 2).ok
+
+
+def test_only_a_named_unavailable_commit_excuses_and_not_through_a_chain_of_unnamed_ones(tmp_path):
+    """One `unavailable` claim (which the audit cannot check) must not excuse every later commit of its
+    worker that follows within a window of an unnamed one: that let a coordinator drop them in silence."""
+    world = _world(tmp_path)
+    junk = world.chain.commit(A, 0, 0, DIGEST, block=5)
+    chained = [world.chain.commit(A, 0, n, DIGEST, block=5 + 35 * n) for n in (1, 2)]  # blocks 40, 75
+    world.publish(1, block=20, rejected=[_rejected(junk, A, "unavailable")])
+    world.publish(2, block=30)
+    world.publish(3, block=100)
+    world.publish(4, block=110)
+    world.publish(5, block=140)
+    world.publish(6, block=150)
+    row = _coverage(world, 4)  # due: the junk (named) and commit 2 (35 blocks after the junk: excused)
+    assert row.ok and "1 not judged" in row.detail, row.detail
+    row = _coverage(world, 6)  # due: commit 3, 70 blocks after the junk; commit 2 before it is unnamed
+    assert not row.ok and f"commits {chained[1]} by {A}" in row.detail, row.detail

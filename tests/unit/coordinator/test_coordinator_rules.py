@@ -128,7 +128,7 @@ def test_a_decision_takes_no_more_entries_than_keep_the_record_under_its_cap():
                              shards=list(range(shards)), mean_reward=repr(0.1 / 3), tokens=10**6).model_dump(mode="json")
 
     rejected = [RejectedEntry(commit_id=10**12 + i, worker="0x" + "ef" * 20, reason_code="malformed_payload",
-                              reason="é" * 500).model_dump(mode="json") for i in range(MAX_REJECTED_PER_RECORD)]
+                              reason="\U0010ffff" * 500).model_dump(mode="json") for i in range(MAX_REJECTED_PER_RECORD)]
     for shards in (2, 16, 64, 128, 256):
         accepted = [entry(i, shards) for i in range(MAX_ACCEPTED_PER_VERSION)]
         n, r = fitting_entries(accepted, rejected, shards)
@@ -171,3 +171,44 @@ def test_ensure_tables_adds_the_journal_columns_an_older_table_lacks(tmp_path):
         row = conn.execute(text("SELECT served_shards, keep_states FROM coordinator_versions")).one()
     assert {"served_shards", "keep_states"} <= columns and tuple(row) == (None, None)
     db.close()
+
+
+def test_had_room_sizes_the_largest_rejection_as_the_coordinator_can_meet_it():
+    """A rejection's reason may echo a worker's text: 500 characters outside the BMP are 12 JSON bytes each.
+    A record with room for a 3 kB rejection but not a 6 kB one may have left one waiting, so the audit's
+    coverage row must not count it as having had room (an attacker's junk could otherwise make an honest
+    coordinator fail it)."""
+    import json
+
+    from krill.protocol.record import (
+        MAX_RECORD_BYTES,
+        RECORD_FIXED_BYTES,
+        SHARD_FIXED_BYTES,
+        AggregationRecord,
+        RejectedEntry,
+        ShardOutcome,
+        fitting_entries,
+        had_room,
+    )
+
+    half = (MAX_RECORD_BYTES - RECORD_FIXED_BYTES - 2 * SHARD_FIXED_BYTES) // 2
+
+    def rejection(i, reason):
+        return RejectedEntry(commit_id=i + 1, worker="0x" + "ef" * 20, reason_code="malformed_payload", reason=reason)
+
+    rejected, used = [], 0
+    while half - used > 4_500:  # fill with 3 kB reasons until 4.5 kB or less of the rejections' half is left
+        rejected.append(rejection(len(rejected), "\u00e9" * 500))
+        used += len(json.dumps(rejected[-1].model_dump(mode="json"), separators=(",", ":"))) + 1
+    assert len(rejected) < 100
+    dumped = [r.model_dump(mode="json") for r in rejected]
+    assert fitting_entries([], dumped, 2)[1] == len(rejected)  # the coordinator named them all
+    emoji = rejection(999, "\U0001f600" * 500).model_dump(mode="json")
+    assert fitting_entries([], dumped + [emoji], 2)[1] == len(rejected)  # an emoji reason would have waited
+    record = AggregationRecord(
+        run_id="ab" * 32, version=3, parent_manifest_cid="bafkrei" + "a" * 52, parent_record_cid=None,
+        manifest_cid="bafkrei" + "c" * 52, rule={"type": "clip-mix-trim"}, accepted=[], rejected=rejected,
+        shards=[ShardOutcome(shard=s, submissions=0, optimizer_state_cid=None) for s in range(2)],
+        masks_cid="bafkrei" + "f" * 52, masks_sha256="0" * 64, closed_by="count")
+    assert not had_room(record, 2)
+    assert had_room(record.model_copy(update={"rejected": rejected[:-2]}), 2)
