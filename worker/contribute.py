@@ -37,11 +37,14 @@ Design decisions:
   either left the contribution pending, and every restart stopped on it again.
 - Those verdicts are read at the latest block, never guessed from the pending one: the commit's
   estimate runs against the pending block, where our own earlier transaction of the same digest may
-  still sit (a receipt that timed out and was retried). A duplicate revert whose commit is not mined
-  yet waits for the next block and commits again (the estimate refuses while ours is pending, and
-  the commit it names is then read at the latest block); `nonce-reused` is decided only from a mined
-  commit of this (version, nonce) under another digest, so a contribution whose own transaction may
-  still land is never logged as lost nor its bytes deleted.
+  still sit (a receipt that timed out and was retried). So the id a duplicate revert names may be
+  only the id that pending transaction would get, and at the latest block that id may hold anyone's
+  commit (ours landed under another id, or has not landed yet). After a duplicate revert the digest's
+  commit is looked up first (ours: committed; another's: front-run); `nonce-reused` is decided only when the commit the
+  revert names is mined and is this worker's commit of this run, version and nonce under another
+  digest; anything else waits for the next block and commits again (the estimate refuses while ours
+  is pending). A contribution whose own transaction may still land is never logged as lost nor its
+  bytes deleted.
 - A commit that passed its estimate can still fail once mined (status 0): what beat it landed in
   the same block, ahead of it (a front-runner's copy of the digest, a `publishVersion` that made
   it stale). `krill.chain.tx` names that revert where a replay recovers it, and the cases above
@@ -360,7 +363,7 @@ class Contributor:
             except (E.CommitDuplicate, E.CommitDigestTaken) as exc:
                 # Ours already (a retry after a lost receipt), ours still in the pool (a receipt that timed
                 # out), someone else's copy of our digest, or our (version, nonce) taken by another digest.
-                taken = self._taken(exc, digest)
+                taken = self._taken(exc, pending, digest)
                 if taken is None:
                     waited = self._wait_block(pending, exc, waited)
                     continue
@@ -401,21 +404,26 @@ class Contributor:
         return self._finish(self._outcome(COMMITTED, pending, seconds, started, resumed, commit_id=commit_id,
                                           bytes_uploaded=uploaded))
 
-    def _taken(self, exc, digest: bytes) -> tuple[int, str] | None:
+    def _taken(self, exc, pending: Pending, digest: bytes) -> tuple[int, str] | None:
         """What a duplicate revert found, at the latest block: (id, committer) of the commit of `digest`, or
-        (0, "") when our (version, nonce) is taken by a commit of another digest; None while what took it is
-        only in the pending block the estimate ran against (most likely our own earlier transaction)."""
+        (0, "") when this worker's commit of our (run, version, nonce) is mined under another digest; None
+        otherwise: what took our key or digest is only in the pending block the estimate ran against (most
+        likely our own earlier transaction), and the id a `CommitDuplicate` names is then only the id it would
+        get, which at the latest block may be anyone's commit or none."""
         from krill.chain import errors as E
+        from krill.chain.types import to_bytes32
 
-        if isinstance(exc, E.CommitDuplicate):
-            # The commit it names is ours (the key holds the sender) and never changes once mined.
-            existing = int(exc.revert_args[-1])
-            info = self.backoff.call(lambda: self.chain.commit_of(existing), "chain (commit lookup)")
-            if int(info.worker, 16) == 0:
-                return None
-            return (existing, info.worker) if bytes(info.header_digest) == digest else (0, "")
         commit_id, committer = self._commit_of_digest(digest)
-        return (commit_id, committer) if commit_id else None
+        if commit_id:
+            return commit_id, committer
+        if isinstance(exc, E.CommitDuplicate):
+            named = int(exc.revert_args[-1])
+            info = self.backoff.call(lambda: self.chain.commit_of(named), "chain (commit lookup)")
+            if (self._mine(info.worker) and bytes(info.run_id) == to_bytes32(self.spec.run_id, "run_id")
+                    and (info.version, info.nonce) == (pending.model_version, pending.nonce)
+                    and bytes(info.header_digest) != digest):
+                return 0, ""
+        return None
 
     def _wait_block(self, pending: Pending, exc: Exception, said: bool) -> bool:
         """Wait for the next block (what took our key or digest in the pending block lands or leaves the pool

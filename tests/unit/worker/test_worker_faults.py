@@ -28,12 +28,15 @@ FILES = {"rollouts.safetensors": b"rollouts", "grad-0.safetensors": b"gradient"}
 
 
 class FakeChain:
-    """Commits by digest, and a `commit` that raises what the test scripts."""
+    """Commits by digest (with the (version, nonce) of each id in `keys`, all in run RUN), a `commit` that
+    raises what the test scripts, and a block number that moves on each time it is read."""
 
     def __init__(self):
         self.by_digest: dict[bytes, tuple[int, str]] = {}
+        self.keys: dict[int, tuple[int, int]] = {}
         self.commit_raises: Exception | None = None
         self.commits: list[tuple] = []
+        self.block = 0
 
     def commit_id_by_digest(self, digest: bytes) -> int:
         return self.by_digest.get(digest, (0, ""))[0]
@@ -41,8 +44,11 @@ class FakeChain:
     def commit_of(self, commit_id: int):
         """The commit, or the contract's zero struct (worker = zero address) for an id not mined."""
         found = [(d, w) for d, (i, w) in self.by_digest.items() if i == commit_id]
-        digest, worker = found[0] if found else (bytes(32), "0x" + "00" * 20)
-        return SimpleNamespace(worker=worker, header_digest=digest)
+        if not found:
+            return SimpleNamespace(run_id=bytes(32), worker="0x" + "00" * 20, version=0, nonce=0,
+                                   header_digest=bytes(32))
+        version, nonce = self.keys.get(commit_id, (None, None))  # None: a test that did not say
+        return SimpleNamespace(run_id=RUN, worker=found[0][1], version=version, nonce=nonce, header_digest=found[0][0])
 
     def commit(self, run_id, version, nonce, digest):
         if self.commit_raises is not None:
@@ -50,7 +56,12 @@ class FakeChain:
         commit_id = len(self.commits) + 100
         self.commits.append((version, nonce, digest))
         self.by_digest[digest] = (commit_id, ME)
+        self.keys[commit_id] = (version, nonce)
         return SimpleNamespace(event=lambda kind: SimpleNamespace(commit_id=commit_id))
+
+    def block_number(self) -> int:
+        self.block += 1
+        return self.block
 
 
 class FakeStore:
@@ -136,6 +147,7 @@ def test_a_nonce_already_committed_under_another_digest_is_dropped_not_fatal(tmp
     contributor = _contributor(tmp_path, chain)
     pending, header = _save(contributor)
     chain.by_digest[hashlib.sha256(b"another header").digest()] = (7, ME)  # an earlier life's commit of the nonce
+    chain.keys[7] = (3, pending.nonce)
     chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 7))
     outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
     assert outcome.status == NONCE_REUSED and f"nonce {pending.nonce}" in outcome.detail
@@ -151,6 +163,46 @@ def test_a_duplicate_revert_of_our_own_landed_commit_still_counts_as_committed(t
     chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 9))
     outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
     assert (outcome.status, outcome.commit_id) == (COMMITTED, 9)
+
+
+@pytest.mark.parametrize("at_named_id", ["another worker's commit", "our commit of another nonce", "nothing mined",
+                                         "ours, landed under the next id"])
+def test_a_duplicate_revert_naming_an_id_that_is_not_our_commit_waits_for_ours_instead_of_logging_it_lost(
+        tmp_path, at_named_id):
+    """The estimate ran against the pending block, where our own transaction sat: the id the revert names (7)
+    is only the one it would get. At the latest block 7 holds whatever landed there; ours lands as 8."""
+    chain = FakeChain()
+    lines: list[str] = []
+    contributor = _contributor(tmp_path, chain, lines=lines)
+    earlier, _ = _save(contributor)
+    contributor.state.finish({"status": COMMITTED, "nonce": earlier.nonce})
+    pending, header = _save(contributor)
+    ours = hashlib.sha256(header).digest()
+    if at_named_id == "another worker's commit":  # same version and nonce, in its own key
+        chain.by_digest[hashlib.sha256(b"their header").digest()] = (7, THIEF)
+        chain.keys[7] = (3, pending.nonce)
+    elif at_named_id == "our commit of another nonce":
+        chain.by_digest[hashlib.sha256(b"our earlier header").digest()] = (7, ME)
+        chain.keys[7] = (3, earlier.nonce)
+
+    def land_ours() -> None:
+        chain.by_digest[ours], chain.keys[8] = (8, ME), (3, pending.nonce)
+        chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 8))
+
+    if at_named_id == "ours, landed under the next id":
+        chain.by_digest[hashlib.sha256(b"their header").digest()] = (7, THIEF)
+        chain.keys[7] = (3, 0)
+        land_ours()
+    else:  # still in the pool; it lands with the next block
+        block_number = chain.block_number
+        chain.block_number = lambda: (block_number(), chain.block == 2 and land_ours())[0]
+    chain.commit_raises = E.CommitDuplicate("CommitDuplicate", (RUN, ME, 3, pending.nonce, 7))
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert (outcome.status, outcome.commit_id) == (COMMITTED, 8), outcome.detail
+    waited = any("waiting for the next block" in line for line in lines)
+    assert waited == (at_named_id != "ours, landed under the next id")
+    assert [h["status"] for h in contributor.state.history()] == [COMMITTED, COMMITTED]  # no nonce-reused line
+    assert contributor.state.pending is None
 
 
 def _failed_on_chain(chain: FakeChain, latest: int, max_staleness: int = 2) -> None:
