@@ -28,8 +28,9 @@ Design decisions:
   missed) and recorded as attested. An outage that cuts off the handling of a commit counts as its
   fault too: the pass aborts as above, and if the window closes before the chain is back, the
   attestation it may have sent is looked for before the commit is recorded as missed. Any other error while handling one commit is a bug, recorded
-  as `error` for that commit, and the loop goes on; losing eligibility to attest stops the loop
-  with the contract's reason.
+  as `error` for that commit, and the loop goes on, as it does past a Committed event the state
+  cannot record (`state.unrecordable`: recorded as `error` and logged, the rest of its batch saved);
+  losing eligibility to attest stops the loop with the contract's reason.
 - Corroboration: the loop also reads `Attested` events (same stream, same persisted cursor), and
   another verifier's failing verdict on a commit of the run, whose window is still open, makes
   this verifier replay that commit whatever its own draw (`state.add_events`): it seals the
@@ -158,7 +159,11 @@ class VerifierLoop:
                    if isinstance(e, Attested) and not e.ok and e.verifier.lower() != me]
         # Commits whose window is still open: a transaction sent now, mined at head + 1, lands by commit + window.
         open_from = self.chain.block_number() + 1 - self.window if failing else 0
-        new, marked = self.state.add_events(jobs, failing, self._stream.next_block, open_from_block=open_from)
+        new, marked, rejected = self.state.add_events(jobs, failing, self._stream.next_block,
+                                                      open_from_block=open_from)
+        for job, problem in rejected:  # recorded as `error` where its commit id allows; never dropped unsaid
+            self.echo(f"commit {job.commit_id}  worker {_short(str(job.worker))}  ERROR (event not recorded, "
+                      f"not attested): {problem}")
         for commit_id in marked:
             failer = next(f.verifier for f in failing if f.commit_id == commit_id)
             self.echo(f"commit {commit_id}  verifier {_short(failer)} attested FAIL: replaying it to corroborate")

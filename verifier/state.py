@@ -9,6 +9,12 @@ Design decisions:
   transaction), so an event is never lost between "seen" and "remembered". It leaves `pending`
   exactly once, for `attested`, `skipped` (not selected), `missed` (window closed first) or
   `error` (a bug in this verifier, recorded rather than crashing the loop).
+- Every value of a commit round-trips exactly. The nonce is the contract's uint64, beyond SQLite's
+  signed 64-bit INTEGER, so it is stored as decimal TEXT; a file of an earlier release (nonce
+  INTEGER) is copied into a table of the new shape, once, when opened. An event with a value no
+  column holds (`unrecordable`: none the contract emits) enters as `error` with the event in its
+  reason, and the rest of its batch and the cursor move on: one worker's nonce >= 2**63 used to roll
+  back every batch that read it and stop every verifier, restart after restart.
 - Corroboration (`add_events`): another verifier's failing verdict on a commit of the run marks it
   `corroborates` (that verifier and its evidence digest), in the same transaction as the cursor
   move that read the verdict, so a restart never forgets it. A commit this verifier skipped
@@ -32,13 +38,11 @@ from pathlib import Path
 
 from krill.errors import ConfigError
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS commits (
+COMMITS_COLUMNS = """(
     commit_id INTEGER PRIMARY KEY,
     worker TEXT NOT NULL,
     version INTEGER NOT NULL,
-    nonce INTEGER NOT NULL,
+    nonce TEXT NOT NULL,
     header_digest TEXT NOT NULL,
     commit_block INTEGER NOT NULL,
     status TEXT NOT NULL,
@@ -50,11 +54,16 @@ CREATE TABLE IF NOT EXISTS commits (
     corroborates TEXT,
     failing_evidence TEXT,
     origin TEXT
-);
+)"""
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS commits {COMMITS_COLUMNS};
 CREATE INDEX IF NOT EXISTS commits_status ON commits (status, commit_id);
 """
 # Columns added after the first release of the file, added in place to older files (all nullable).
 ADDED_COLUMNS = (("corroborates", "TEXT"), ("failing_evidence", "TEXT"), ("origin", "TEXT"))
+# The integer columns' bounds: SQLite's INTEGER is signed 64-bit; the nonce is the contract's uint64.
+INT64_END, UINT64_END = 2**63, 2**64
 
 PENDING, ATTESTED, SKIPPED, MISSED, ERROR = "pending", "attested", "skipped", "missed", "error"
 FINAL = (ATTESTED, SKIPPED, MISSED, ERROR)
@@ -110,11 +119,8 @@ class VerifierState:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
-        with self._tx():  # a file of an older release gains the columns (once, if two processes open it)
-            present = {row[1] for row in self._db.execute("PRAGMA table_info(commits)")}
-            for name, kind in ADDED_COLUMNS:
-                if name not in present:
-                    self._db.execute(f"ALTER TABLE commits ADD COLUMN {name} {kind}")
+        with self._tx():  # a file of an older release is brought up to date (once, if two processes open it)
+            self._migrate()
         identity = {"contract": contract.lower(), "run_id": run_id.hex(), "verifier": verifier.lower()}
         with self._tx():
             for key, value in identity.items():
@@ -139,6 +145,24 @@ class VerifierState:
     def _tx(self):
         return _Transaction(self._db)
 
+    def _migrate(self) -> None:
+        """Bring the commits table of an older release up to date, inside the caller's transaction."""
+        present = {row[1]: row[2].upper() for row in self._db.execute("PRAGMA table_info(commits)")}
+        for name, kind in ADDED_COLUMNS:
+            if name not in present:
+                self._db.execute(f"ALTER TABLE commits ADD COLUMN {name} {kind}")
+        if present["nonce"] != "TEXT":
+            # SQLite changes no column's type in place: the table is copied into one whose nonce is TEXT
+            # (an INTEGER column turns a decimal above 2**63 - 1 into a lossy REAL), its index rebuilt.
+            names = [row[1] for row in self._db.execute("PRAGMA table_info(commits)")]
+            values = ["CAST(nonce AS TEXT)" if name == "nonce" else name for name in names]
+            self._db.execute(f"CREATE TABLE commits_text_nonce {COMMITS_COLUMNS}")
+            self._db.execute(f"INSERT INTO commits_text_nonce ({', '.join(names)}) SELECT {', '.join(values)} "
+                             "FROM commits")
+            self._db.execute("DROP TABLE commits")
+            self._db.execute("ALTER TABLE commits_text_nonce RENAME TO commits")
+            self._db.execute("CREATE INDEX commits_status ON commits (status, commit_id)")
+
     def close(self) -> None:
         self._db.close()
 
@@ -154,18 +178,24 @@ class VerifierState:
         return self.add_events(jobs, [], next_block)[0]
 
     def add_events(self, jobs: list[Job], failing: list[FailingVerdict], next_block: int,
-                   open_from_block: int = 0) -> tuple[int, list[int]]:
+                   open_from_block: int = 0) -> tuple[int, list[int], list[tuple[Job, str]]]:
         """Remember newly seen commits, mark those another verifier failed (see the module docstring;
         only commits with commit_block >= `open_from_block`, whose window is still open) and move the
-        cursor, atomically; returns (how many commits were new, the ids of the commits marked now)."""
-        new, marked = 0, []
+        cursor, atomically; returns (how many commits were new, the ids of the commits marked now, the
+        events that cannot be recorded as commits with why: see `unrecordable` and `_reject`)."""
+        new, marked, rejected = 0, [], []
         now = time.time()
         with self._tx():
             for job in jobs:
+                problem = unrecordable(job)
+                if problem is not None:
+                    self._reject(job, problem, now)
+                    rejected.append((job, problem))
+                    continue
                 cur = self._db.execute(
                     "INSERT OR IGNORE INTO commits (commit_id, worker, version, nonce, header_digest, commit_block, "
                     "status, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job.commit_id, job.worker.lower(), job.version, job.nonce, job.header_digest.hex(),
+                    (job.commit_id, job.worker.lower(), job.version, str(job.nonce), job.header_digest.hex(),
                      job.commit_block, PENDING, now))
                 new += cur.rowcount
             for verdict in failing:
@@ -179,7 +209,20 @@ class VerifierState:
                     marked.append(verdict.commit_id)
             self._db.execute("INSERT INTO meta (key, value) VALUES ('cursor', ?) "
                              "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (str(int(next_block)),))
-        return new, marked
+        return new, marked, rejected
+
+    def _reject(self, job: Job, problem: str, now: float) -> None:
+        """Keep a commit `unrecordable` refused as an `error` row, with the event as read in its reason; a value
+        its column cannot hold is stored as -1 there. A commit id no row can hold leaves only the caller's log."""
+        if not _in_range(job.commit_id, INT64_END):
+            return
+        digest = job.header_digest.hex() if isinstance(job.header_digest, bytes) else str(job.header_digest)
+        self._db.execute(
+            "INSERT OR IGNORE INTO commits (commit_id, worker, version, nonce, header_digest, commit_block, status, "
+            "reason, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (job.commit_id, str(job.worker).lower(), job.version if _in_range(job.version, INT64_END) else -1,
+             str(job.nonce), digest, job.commit_block if _in_range(job.commit_block, INT64_END) else -1, ERROR,
+             f"event not recorded: {problem}; as read: {job!r}"[:1000], now))
 
     # ------------------------------------------------------------------ decisions
 
@@ -188,7 +231,7 @@ class VerifierState:
         rows = self._db.execute("SELECT commit_id, worker, version, nonce, header_digest, commit_block, corroborates, "
                                 "failing_evidence FROM commits WHERE status = ? ORDER BY commit_id",
                                 (PENDING,)).fetchall()
-        return [Job(r[0], r[1], r[2], r[3], bytes.fromhex(r[4]), r[5], r[6], None if r[7] is None else bytes.fromhex(r[7]))
+        return [Job(r[0], r[1], r[2], int(r[3]), bytes.fromhex(r[4]), r[5], r[6], None if r[7] is None else bytes.fromhex(r[7]))
                 for r in rows]
 
     def finish(self, commit_id: int, status: str, *, ok: bool | None = None, reason: str | None = None,
@@ -232,6 +275,22 @@ class VerifierState:
         out["corroborating"] = self._db.execute("SELECT COUNT(*) FROM commits WHERE status = ? AND corroborates IS NOT "
                                                 "NULL", (PENDING,)).fetchone()[0]
         return out
+
+
+def unrecordable(job: Job) -> str | None:
+    """Why `job` cannot be stored as a pending commit (a value its column cannot hold), or None."""
+    for name, end in (("commit_id", INT64_END), ("version", INT64_END), ("nonce", UINT64_END),
+                      ("commit_block", INT64_END)):
+        value = getattr(job, name)
+        if not _in_range(value, end):
+            return f"{name} {value!r} is not an integer in [0, {end})"
+    if not isinstance(job.worker, str) or not isinstance(job.header_digest, bytes):
+        return f"worker {job.worker!r} is not a string or header digest {job.header_digest!r} not bytes"
+    return None
+
+
+def _in_range(value, end: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < end
 
 
 class _Transaction:

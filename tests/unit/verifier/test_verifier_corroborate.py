@@ -347,6 +347,6 @@ def test_an_older_state_file_gains_the_new_columns(tmp_path):
     """)
     db.close()
     state = VerifierState(path, contract=CONTRACT, run_id=RUN, verifier=ME)
-    assert state.add_events([], [FailingVerdict(7, OTHER, b"\x44" * 32)], next_block=120) == (0, [7])
+    assert state.add_events([], [FailingVerdict(7, OTHER, b"\x44" * 32)], next_block=120) == (0, [7], [])
     assert [(j.commit_id, j.corroborates, j.failing_evidence) for j in state.pending()] == [(7, OTHER, b"\x44" * 32)]
     state.close()
