@@ -8,6 +8,10 @@ Design decisions:
 - The first line printed is the URL being served (with the real port when `--port 0` asked for
   any free one), so scripts and tests can read it.
 - Heavy imports (SQLAlchemy, Jinja2) happen inside the command, so `krill --help` stays instant.
+- What an operator gets wrong at start-up is one line (`KrillError`, printed by the root command),
+  not a traceback: a port that cannot be bound (in use, or privileged) and a database that cannot
+  be opened (server down, bad credentials, not a URL). The database's URL is named with its
+  password hidden, and the driver's reason is shown with the password cut out, should it echo it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,31 @@ import contextlib
 import click
 
 from krill.commands.context import current_config
+from krill.db.errors import DatabaseError
+from krill.errors import ConfigError
+
+
+def _open_index(url: str):
+    """`open_read_only(url)`, with a database that cannot be opened as one `DatabaseError` line."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+
+    from krill.explorer.database import open_read_only
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DatabaseError("database.url (or --db) is not a database URL: give e.g. sqlite:///path/krill.db or "
+                            "postgresql+psycopg://user@host/db") from None
+    try:
+        return open_read_only(url)
+    except (OperationalError, InterfaceError) as exc:
+        lines = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+        reason = lines[0] if lines else type(exc).__name__
+        if parsed.password:
+            reason = reason.replace(str(parsed.password), "***")
+        raise DatabaseError(f"cannot open the index database {parsed.render_as_string(hide_password=True)}: {reason}; "
+                            "check database.url (or --db) and that its server is running") from None
 
 
 @click.command("explorer")
@@ -31,7 +60,6 @@ def explorer(host: str | None, port: int | None, db_url: str | None, audit_repor
              quiet: bool) -> None:
     """Serve read-only pages and a JSON API over the index: versions, participants, contributions, evidence."""
     from krill.explorer.audit_status import AuditStatus
-    from krill.explorer.database import open_read_only
     from krill.explorer.server import make_explorer_server
     from krill.explorer.web import ExplorerApp
     from krill.runtime import open_configured_store
@@ -40,11 +68,16 @@ def explorer(host: str | None, port: int | None, db_url: str | None, audit_repor
     section = config.explorer
     report = audit_report or section.audit_report
     with contextlib.ExitStack() as stack:
-        db = open_read_only(db_url or config.database.url)
+        db = _open_index(db_url or config.database.url)
         stack.callback(db.close)
         store = None if no_store or not section.use_store else stack.enter_context(open_configured_store(config))
         app = ExplorerApp(db, store, AuditStatus(report), section.page_size, section.max_page_size)
-        server = make_explorer_server(app, host or section.host, section.port if port is None else port, quiet)
+        host, port = host or section.host, section.port if port is None else port
+        try:
+            server = make_explorer_server(app, host, port, quiet)
+        except OSError as exc:  # bind failed: the port is taken or not ours to use, or the host is not local
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port "
+                              "(0: any free one) or --host, or stop what holds it") from None
         stack.callback(server.server_close)
         bound_host, bound_port = server.server_address[:2]
         click.echo(f"explorer: serving http://{bound_host}:{bound_port}/ (read-only; Ctrl-C stops)")

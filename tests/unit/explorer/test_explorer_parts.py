@@ -94,3 +94,31 @@ def test_command_is_listed_and_refuses_a_missing_database(tmp_path):
     result = runner.invoke(cli, ["--set", f"database.url=sqlite:///{tmp_path / 'none.db'}", "explorer", "--port", "0"])
     assert result.exit_code == 1 and "error: no database at" in result.output
     assert not (tmp_path / "none.db").exists()
+
+
+def test_command_refuses_a_busy_port_in_one_line(explorer_world):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = CliRunner().invoke(cli, ["--set", f"database.url={explorer_world.url}", "explorer", "--port", str(port),
+                                          "--no-store", "--quiet"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    line = f"error: cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port"
+    assert result.output.startswith(line) and result.output.count("\n") == 1, result.output
+
+
+def test_command_names_an_unreachable_database_without_its_password():
+    import socket
+
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        url = f"postgresql+psycopg://alice:s3cret-pw@127.0.0.1:{port}/index"
+        result = CliRunner().invoke(cli, ["--set", f"database.url={url}", "explorer", "--port", "0"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert result.output.startswith(f"error: cannot open the index database postgresql+psycopg://alice:***@127.0.0.1:"
+                                    f"{port}/index: connection failed:"), result.output
+    assert "refused" in result.output and result.output.count("\n") == 1 and "s3cret-pw" not in result.output
