@@ -61,12 +61,14 @@ _ADDED_COLUMNS = {"served_shards": "JSON", "keep_states": "BOOLEAN"}
 
 def ensure_tables(database) -> None:
     """Create the coordinator's tables if missing, and add the columns a table written by an earlier
-    release lacks (nullable, so its rows keep their meaning); idempotent, safe with concurrent openers."""
+    release lacks (nullable, so its rows keep their meaning); idempotent, safe with concurrent openers:
+    it runs under the database's schema lock (`Database.schema_lock`), without which openers of a fresh
+    PostgreSQL database all saw the table missing and the losers' CREATE TABLE failed."""
     from sqlalchemy import inspect, text
 
     import krill.coordinator.confirm  # noqa: F401  (its table is on this MetaData)
 
-    with database.engine.execution_options(krill_write=True).begin() as conn:
+    with database.schema_lock() as conn:
         CoordinatorBase.metadata.create_all(conn)
         have = {c["name"] for c in inspect(conn).get_columns(VersionDecision.__tablename__)}
         for name, kind in _ADDED_COLUMNS.items():

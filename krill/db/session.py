@@ -14,7 +14,8 @@ Design decisions:
   to do: the index can be rebuilt (`krill index rebuild`); role state cannot, so it is never
   silently migrated. No Alembic: the schema is young, and a rebuildable index needs none.
 - Table creation runs under a lock (SQLite's write lock, PostgreSQL's advisory lock), so processes
-  that open a fresh database at the same moment do not race on CREATE TABLE.
+  that open a fresh database at the same moment do not race on CREATE TABLE; a role creating its
+  own tables takes the same lock (`Database.schema_lock`).
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ class Database:
     # ------------------------------------------------------------------ schema
 
     @contextlib.contextmanager
-    def _schema_lock(self) -> Iterator[Any]:
+    def schema_lock(self) -> Iterator[Any]:
+        """A connection in a transaction that holds the schema lock (SQLite's write lock, PostgreSQL's
+        advisory lock) until it commits: for creating or altering tables, the core's or a role's."""
         with self.engine.execution_options(krill_write=True).begin() as conn:
             if self.backend == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK_KEY})
@@ -112,7 +115,7 @@ class Database:
 
     def create_all(self) -> None:
         """Create missing tables and check the schema versions (`SchemaVersionError` on a mismatch)."""
-        with self._schema_lock() as conn:
+        with self.schema_lock() as conn:
             StateBase.metadata.create_all(conn)
             IndexBase.metadata.create_all(conn)
             with Session(conn) as session:
@@ -126,7 +129,7 @@ class Database:
 
     def reset_index(self) -> None:
         """Drop every index table and create them empty (role state is kept)."""
-        with self._schema_lock() as conn:
+        with self.schema_lock() as conn:
             IndexBase.metadata.drop_all(conn)
             IndexBase.metadata.create_all(conn)
             with Session(conn) as session:
