@@ -6,8 +6,9 @@ Design decisions:
 - First it audits versions 1..V as `krill audit` does (`krill.release.lineage`: all of them, since a
   tampered ancestor taints V; one recompute per version) and refuses, exit 1 and nothing written,
   at the first that fails. One line per audited version goes out as it is done, except with
-  `--json`, whose stdout is the JSON alone. `--unaudited` skips the audit, and the release's
-  metadata and card say it was not audited.
+  `--json`, whose stdout is the JSON alone. `--audit-last N` audits only versions
+  max(1, V-N+1)..V (`krill demo` uses it: a full audit of a 400-version demo took minutes), and
+  `--unaudited` none; the release's metadata and card then name the versions not audited.
 - Evaluation runs on the task's held-out split for base and version; `--eval-n` defaults to the
   run spec's `eval_n`, `--k` sets pass@k (1 skips sampling). Heavy imports stay inside the command.
 """
@@ -34,19 +35,24 @@ def _audited_line(report, last: int) -> None:
               help="Held-out prompts to evaluate on [default: the run spec's eval_n, 500].")
 @click.option("--k", type=click.IntRange(1, 64), default=4, show_default=True, help="Samples per prompt for pass@k.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pass@k sampler.")
+@click.option("--audit-last", "audit_last", type=click.IntRange(1, None), default=None,
+              help="Audit only the last N versions, max(1, V-N+1)..V [default: all of 1..V]; the release's metadata "
+                   "and card name the earlier versions as not audited.")
 @click.option("--unaudited", is_flag=True,
               help="Skip auditing versions 1..V first; the release's metadata and card then say it was not audited.")
 @click.option("--json", "as_json", is_flag=True, help="Print {cid, out, evals, audit} as JSON.")
-def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, unaudited: bool,
-            as_json: bool) -> None:
-    """Audit versions 1..V, then assemble V as a Hugging Face model directory with a model card, store it,
-    print the CID. Refuses when the audit fails."""
+def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, audit_last: int | None,
+            unaudited: bool, as_json: bool) -> None:
+    """Audit versions 1..V (or the last N), then assemble V as a Hugging Face model directory with a model
+    card, store it, print the CID. Refuses when the audit fails."""
     from transformers.utils import logging as hf_logging
 
     from krill.commands.audit_cmd import open_public_run
     from krill.errors import ConfigError
     from krill.release import build_release
 
+    if unaudited and audit_last is not None:
+        raise click.UsageError("give at most one of --audit-last N and --unaudited")
     hf_logging.disable_progress_bar()
     with ExitStack() as stack:
         config, chain, store, spec = open_public_run(stack)
@@ -54,7 +60,7 @@ def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, 
         if version > latest:
             raise ConfigError(f"--version {version}: the run's latest published version is {latest}")
         result = build_release(chain, store, spec, version, out_dir, eval_n=eval_n, k=k, seed=seed,
-                               from_block=config.chain.deploy_block, unaudited=unaudited,
+                               from_block=config.chain.deploy_block, unaudited=unaudited, audit_last=audit_last,
                                progress=None if as_json else _audited_line)
     if as_json:
         click.echo(json.dumps({"cid": result.cid, "out": str(result.out), "evals": result.evals,
@@ -64,7 +70,11 @@ def release(version: int, out_dir: Path, eval_n: int | None, k: int, seed: int, 
     if not audit["audited"]:
         click.echo(f"NOT AUDITED (--unaudited): versions 1..{version} were not checked; the card says so")
     elif audit["versions"]:
-        click.echo(f"audited versions 1..{version}: all {audit['checks']} checks passed")
+        first, last = audit["versions"]
+        click.echo(f"audited versions {first}..{last}: all {audit['checks']} checks passed")
+        if audit["not_audited"]:
+            lo, hi = audit["not_audited"]
+            click.echo(f"NOT AUDITED (--audit-last {audit_last}): versions {lo}..{hi} were not checked; the card says so")
     for label in ("base", "version"):
         r = result.evals[label]
         name = "base (v0)" if label == "base" else f"version {version}"

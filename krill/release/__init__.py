@@ -3,9 +3,10 @@
 Design decisions:
 - Nothing is evaluated, written or stored before the lineage is audited (`lineage.py`): versions
   1..V must pass `krill audit`, else `ReleaseAuditError` names the first that fails. The weights
-  being the ones the chain names proves nothing if the coordinator named tampered ones. `unaudited`
-  skips the audit and the metadata and card say so; an audited release records how many checks
-  versions 1..V passed.
+  being the ones the chain names proves nothing if the coordinator named tampered ones.
+  `audit_last=N` audits only versions max(1, V-N+1)..V, and `unaudited` skips the audit; the
+  metadata and card then name the versions nobody checked. An audited release records which
+  versions were recomputed and how many checks they passed.
 - The weights are the version's shards exactly as the chain names them (`load_chain_version`
   verifies manifest and record against the on-chain digests; `assemble_files` verifies every
   shard), written as one `model.safetensors` plus `config.json` and the tokenizer files.
@@ -21,10 +22,10 @@ Design decisions:
 
 Public API:
     build_release(chain, store, spec, version, out_dir, *, eval_n=None, k=4, seed=0, from_block=0,
-                  unaudited=False, progress=None) -> Release
+                  unaudited=False, audit_last=None, progress=None) -> Release
     release_files(...) -> (folder, files, facts)      everything but writing and storing
     read_archive(data) -> (folder, files)
-    ReleaseAuditError                                 a version 1..V fails the audit (`.version`, `.failed`)
+    ReleaseAuditError                                 an audited version fails the audit (`.version`, `.failed`)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from krill.errors import ConfigError
 from krill.release.archive import read_archive, write_archive
-from krill.release.lineage import ReleaseAuditError, audit_lineage, not_audited
+from krill.release.lineage import ReleaseAuditError, audit_lineage, first_audited, not_audited
 
 __all__ = ["RELEASE_FORMAT", "Release", "ReleaseAuditError", "build_release", "read_archive", "release_files"]
 
@@ -75,11 +76,11 @@ def _evaluate(files: dict[str, bytes], task, n: int, k: int, seed: int) -> dict:
 
 
 def release_files(chain, store, spec, version: int, *, eval_n: int | None = None, k: int = 4, seed: int = 0,
-                  from_block: int = 0, unaudited: bool = False,
+                  from_block: int = 0, unaudited: bool = False, audit_last: int | None = None,
                   progress: Callable | None = None) -> tuple[str, dict[str, bytes], dict]:
     """(archive folder name, file name -> bytes, facts) of the release of `version`. Audits versions
-    1..`version` first (`ReleaseAuditError` at the first failure; `progress` as in `audit_lineage`),
-    unless `unaudited`."""
+    1..`version` first, or only the last `audit_last` of them (`ReleaseAuditError` at the first
+    failure; `progress` as in `audit_lineage`), unless `unaudited`."""
     from krill.model.publish import assemble_files
     from krill.protocol.state import load_chain_version
     from krill.release.card import hyperparameters, render_card
@@ -87,8 +88,11 @@ def release_files(chain, store, spec, version: int, *, eval_n: int | None = None
     from krill.rl.tasks import get_task
     from krill.store.cid import digest_to_cid
 
+    if audit_last is not None and (unaudited or audit_last < 1):
+        raise ConfigError(f"audit_last={audit_last}: give a number of versions >= 1, and not with unaudited")
     # Version 0 has no lineage to audit: the (empty) audit runs whatever the flag says.
-    audit = not_audited() if unaudited and version else audit_lineage(chain, store, spec, version, progress)
+    audit = not_audited(version) if unaudited and version else \
+        audit_lineage(chain, store, spec, version, progress, first=first_audited(version, audit_last))
     run_id = spec.run_id
     target = load_chain_version(chain, store, spec, version)
     base = target if version == 0 else load_chain_version(chain, store, spec, 0)
@@ -116,12 +120,14 @@ def release_files(chain, store, spec, version: int, *, eval_n: int | None = None
 
 
 def build_release(chain, store, spec, version: int, out_dir: str | Path, *, eval_n: int | None = None, k: int = 4,
-                  seed: int = 0, from_block: int = 0, unaudited: bool = False,
+                  seed: int = 0, from_block: int = 0, unaudited: bool = False, audit_last: int | None = None,
                   progress: Callable | None = None) -> Release:
-    """Audit versions 1..`version` (unless `unaudited`), write the release of `version` to `out_dir`, add
-    its archive to the store, return its CID. A failed audit writes and stores nothing."""
+    """Audit versions 1..`version` (the last `audit_last` of them if given; none if `unaudited`), write the
+    release of `version` to `out_dir`, add its archive to the store, return its CID. A failed audit writes
+    and stores nothing."""
     folder, files, facts = release_files(chain, store, spec, version, eval_n=eval_n, k=k, seed=seed,
-                                         from_block=from_block, unaudited=unaudited, progress=progress)
+                                         from_block=from_block, unaudited=unaudited, audit_last=audit_last,
+                                         progress=progress)
     out = Path(out_dir)
     stray = sorted(p.name for p in out.iterdir() if p.name not in files) if out.is_dir() else []
     if stray:

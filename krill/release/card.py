@@ -9,8 +9,9 @@ Design decisions:
   contract, run id and run-spec CID, manifest CIDs of base and version, the aggregation record
   of every version; the card ends with the `krill audit` line that re-derives the weights.
 - What the release's own audit found (`krill.release.lineage`) is stated from its facts only: the
-  versions that passed and the number of checks, or, for a release made with `--unaudited`, a
-  warning under the title and in the provenance that nobody checked the lineage.
+  versions recomputed and the number of checks they passed, and, for a release made with
+  `--audit-last N` (earlier versions not recomputed) or `--unaudited` (none), a warning under the
+  title and in the provenance naming the versions nobody checked.
 """
 
 from __future__ import annotations
@@ -45,6 +46,23 @@ def hyperparameters(spec) -> list[tuple[str, str]]:
     return rows
 
 
+def _unchecked(audit: dict) -> str | None:
+    """"1..n" of the lineage versions the release's audit did not recompute, if any (partial audits only)."""
+    skipped = audit.get("not_audited") or []
+    return f"{skipped[0]}..{skipped[1]}" if audit["audited"] and skipped else None
+
+
+def _banner(version: int, audit: dict) -> list[str]:
+    if not audit["audited"]:
+        return [f"> **Not audited**: versions 1..{version} were not checked with `krill audit` when this release "
+                "was made (see Provenance).", ""]
+    if _unchecked(audit):
+        first, last = audit["versions"]
+        return [f"> **Partly audited**: only versions {first}..{last} were checked with `krill audit` when this "
+                f"release was made; versions {_unchecked(audit)} were not (see Provenance).", ""]
+    return []
+
+
 def _audit_lines(version: int, audit: dict) -> list[str]:
     if not audit["audited"]:
         return [f"**Not audited.** This release was made with `--unaudited`: nobody checked, when it was made, "
@@ -54,6 +72,11 @@ def _audit_lines(version: int, audit: dict) -> list[str]:
         return ["Version 0 is the run's base model, named by the run's on-chain genesis digest: there is no fold to "
                 "audit. Recompute and check later versions from public data:"]
     first, last = audit["versions"]
+    if _unchecked(audit):
+        return [f"Audited in part (`--audit-last`): before this release was made, `krill audit` recomputed versions "
+                f"{first}..{last} from public data (chain and store), each from its published parent, and all "
+                f"{audit['checks']} checks passed. Versions {_unchecked(audit)} were **not** audited, and a tampered "
+                "one among them would taint this release. Audit them before trusting the weights:"]
     return [f"Audited: before this release was made, `krill audit` recomputed versions {first}..{last} from public "
             f"data (chain and store) and all {audit['checks']} checks passed. Check it again:"]
 
@@ -65,8 +88,7 @@ def render_card(*, spec, version: int, evals: dict, provenance: dict, audit: dic
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              "tags: [krill, reinforcement-learning, grpo, decentralized-training]", "---", "",
              f"# {spec.name}, version {version}", "",
-             *([f"> **Not audited**: versions 1..{version} were not checked with `krill audit` when this release "
-                "was made (see Provenance).", ""] if not audit["audited"] else []),
+             *_banner(version, audit),
              f"Post-trained with reinforcement learning by Krill on untrusted hardware: workers sampled rollouts "
              f"and per-shard policy gradients, verifiers replayed a random sample, and a coordinator folded the "
              f"contributions robustly ({spec.rule.type}) into {version} published version(s) of the "

@@ -356,7 +356,7 @@ def test_release_audits_the_lineage_and_records_it(run, tmp_path):
     checks = sum(len(_audit(run, v)[1]["checks"]) for v in (1, 2))
     result, out = _release(run, tmp_path, 2, "--json")
     assert result.exit_code == 0, result.output
-    expected = {"audited": True, "versions": [1, 2], "checks": checks}
+    expected = {"audited": True, "versions": [1, 2], "checks": checks, "not_audited": []}
     assert json.loads(result.output)["audit"] == expected
     assert json.loads((out / "krill-release.json").read_text())["audit"] == expected
     card = (out / "README.md").read_text()
@@ -390,10 +390,33 @@ def test_release_refuses_a_version_the_audit_fails_or_that_descends_from_one(run
 def test_unaudited_release_says_it_was_not_audited(run, tmp_path):
     result, out = _release(run, tmp_path, 4, "--unaudited", "--json")
     assert result.exit_code == 0, result.output
-    expected = {"audited": False, "versions": [], "checks": 0}
+    expected = {"audited": False, "versions": [], "checks": 0, "not_audited": [1, 4]}
     assert json.loads(result.output)["audit"] == expected
     assert json.loads((out / "krill-release.json").read_text())["audit"] == expected
     card = (out / "README.md").read_text()
     assert "> **Not audited**: versions 1..4 were not checked with `krill audit`" in card
     assert "**Not audited.** This release was made with `--unaudited`" in card
     assert "checks passed" not in card and "Audited:" not in card
+
+
+@pytest.mark.slow
+def test_release_audit_last_audits_only_the_last_versions_and_says_which_were_not(run, tmp_path):
+    checks = len(_audit(run, 2)[1]["checks"])
+    result, out = _release(run, tmp_path, 2, "--audit-last", "1", "--json")
+    assert result.exit_code == 0, result.output
+    expected = {"audited": True, "versions": [2, 2], "checks": checks, "not_audited": [1, 1]}
+    assert json.loads(result.output)["audit"] == expected
+    assert json.loads((out / "krill-release.json").read_text())["audit"] == expected
+    card = (out / "README.md").read_text()
+    assert "> **Partly audited**: only versions 2..2 were checked" in card and "Versions 1..1 were **not** audited" in card
+    plain, _ = _release(run, tmp_path / "plain", 2, "--audit-last", "1")
+    assert plain.exit_code == 0, plain.output
+    assert "audit version 1/" not in plain.output and "audit version 2/2: all" in plain.output
+    assert f"audited versions 2..2: all {checks} checks passed" in plain.output
+    assert "NOT AUDITED (--audit-last 1): versions 1..1 were not checked" in plain.output
+    # Version 4 fails on its own; its tampered parent 3 is not recomputed, so 4 is the version named.
+    refused, refused_out = _release(run, tmp_path, 4, "--audit-last", "1", "--json")
+    assert refused.exit_code == 1 and refused.exception.version == 4, refused.output
+    assert str(refused.exception).startswith("version 4 fails") and not refused_out.exists()
+    both, _ = _release(run, tmp_path / "both", 2, "--audit-last", "1", "--unaudited")
+    assert both.exit_code == 2 and "at most one of --audit-last N and --unaudited" in both.output

@@ -111,8 +111,8 @@ def test_the_lineage_audit_stops_at_the_first_failing_version_and_names_its_chec
     monkeypatch.setattr(krill.audit, "audit_version", fake_audit)
     seen = []
     facts = audit_lineage(None, None, _spec(), 2, progress=lambda r, last: seen.append((r.version, last)))
-    assert (facts.to_dict(), audited, seen) == ({"audited": True, "versions": [1, 2], "checks": 4}, [1, 2],
-                                                [(1, 2), (2, 2)])
+    assert (facts.to_dict(), audited, seen) == ({"audited": True, "versions": [1, 2], "checks": 4, "not_audited": []},
+                                                [1, 2], [(1, 2), (2, 2)])
     audited.clear()
     with pytest.raises(ReleaseAuditError) as refused:
         audit_lineage(None, None, _spec(), 6)
@@ -121,7 +121,32 @@ def test_the_lineage_audit_stops_at_the_first_failing_version_and_names_its_chec
     message = str(refused.value)
     assert message.startswith("version 3, an ancestor of version 6, fails `krill audit` (2 of 3 checks: "
                               "manifest digest, shard 1 weights)") and "\n" not in message
-    assert audit_lineage(None, None, _spec(), 0).to_dict() == {"audited": True, "versions": [], "checks": 0}
+    assert audit_lineage(None, None, _spec(), 0).to_dict() == {"audited": True, "versions": [], "checks": 0,
+                                                               "not_audited": []}
+
+
+def test_audit_last_audits_only_the_last_versions_and_names_the_rest_not_audited(monkeypatch):
+    import krill.audit
+    from krill.release.lineage import ReleaseAuditError, audit_lineage, first_audited, not_audited
+
+    audited = []
+
+    def fake_audit(source, version):
+        audited.append(version)
+        return _report(version, ("manifest digest",) if version == 3 else ())
+
+    monkeypatch.setattr(krill.audit, "audit_version", fake_audit)
+    assert [first_audited(6, n) for n in (None, 1, 3, 6, 400)] == [1, 6, 4, 1, 1]
+    facts = audit_lineage(None, None, _spec(), 6, first=first_audited(6, 3))
+    assert audited == [4, 5, 6]  # version 3, which fails, is not recomputed: only what ran is claimed
+    assert facts.to_dict() == {"audited": True, "versions": [4, 6], "checks": 6, "not_audited": [1, 3]}
+    audited.clear()
+    assert audit_lineage(None, None, _spec(), 2, first=first_audited(2, 5)).to_dict() == {
+        "audited": True, "versions": [1, 2], "checks": 4, "not_audited": []}
+    with pytest.raises(ReleaseAuditError) as refused:
+        audit_lineage(None, None, _spec(), 4, first=first_audited(4, 2))
+    assert refused.value.version == 3 and str(refused.value).startswith("version 3, an ancestor of version 4,")
+    assert not_audited(4).to_dict() == {"audited": False, "versions": [], "checks": 0, "not_audited": [1, 4]}
 
 
 def _spec():
@@ -132,8 +157,8 @@ def _spec():
                    base_manifest_cid="bafkreiacwe4tcpgwzlcm3qw75ct37n4k5wz5z7uwqdqtwuvb2xg5sbotkq")
 
 
-@pytest.mark.parametrize("audit", [{"audited": True, "versions": [1, 5], "checks": 321},
-                                   {"audited": False, "versions": [], "checks": 0}])
+@pytest.mark.parametrize("audit", [{"audited": True, "versions": [1, 5], "checks": 321, "not_audited": []},
+                                   {"audited": False, "versions": [], "checks": 0, "not_audited": [1, 5]}])
 def test_the_card_states_the_audit_that_ran_and_only_that(audit):
     from krill.release.card import render_card
 
@@ -146,3 +171,20 @@ def test_the_card_states_the_audit_that_ran_and_only_that(audit):
     claims = "`krill audit` recomputed versions 1..5 from public data (chain and store) and all 321 checks passed"
     assert (claims in card) == audit["audited"]
     assert ("**Not audited**" in card) == (not audit["audited"])
+
+
+def test_a_card_of_a_partial_audit_names_the_versions_not_audited():
+    from krill.release.card import render_card
+
+    result = {"accuracy": 0.5, "pass_at_k": None, "mean_length": 3.0, "k": 1, "n": 4}
+    provenance = {"chain_id": 31337, "contract": "0x" + "1" * 40, "run_id": "ab" * 32, "run_spec_cid": "s",
+                  "base_manifest_cid": "b", "manifest_cid": "m", "manifest_digest": "cd" * 32, "published_block": 9,
+                  "record_cids": {"1": "r1"}}
+    audit = {"audited": True, "versions": [398, 400], "checks": 39, "not_audited": [1, 397]}
+    card = render_card(spec=_spec(), version=400, evals={"base": result, "version": result, "seed": 0},
+                       provenance=provenance, audit=audit, contributors=[], folder="krill-x-v400")
+    assert ("> **Partly audited**: only versions 398..400 were checked with `krill audit` when this release was "
+            "made; versions 1..397 were not (see Provenance).") in card
+    assert ("`krill audit` recomputed versions 398..400 from public data (chain and store), each from its published "
+            "parent, and all 39 checks passed. Versions 1..397 were **not** audited") in card
+    assert "recomputed versions 1.." not in card and "Not audited" not in card

@@ -50,3 +50,15 @@ def test_a_role_lowers_its_cpu_priority_by_its_nice_setting():
     assert VerifierConfig(nice=10).nice == 10 and VerifierConfig().nice == 0
     with pytest.raises(ValidationError, match="nice"):
         VerifierConfig(nice=20)
+
+
+def test_the_demo_releases_auditing_only_its_last_versions(tmp_path):
+    from krill.demo.orchestrate import release_args
+
+    cfg, out = tmp_path / "coordinator.toml", tmp_path / "release"
+    args = release_args(DemoConfig(), cfg, 400, out)
+    assert args[:9] == ["--config", str(cfg), "release", "--version", "400", "--out", str(out), "--json",
+                        "--audit-last"] and args[9:] == ["3"]
+    assert release_args(DemoConfig(audit_last=7, release_eval_n=20), cfg, 9, out)[8:] == [
+        "--audit-last", "7", "--eval-n", "20"]
+    assert release_args(DemoConfig(audit_last=0), cfg, 9, out)[8:] == ["--unaudited"]  # no audit at all
