@@ -23,6 +23,9 @@ Design decisions:
 - The release audits only the versions the demo audits anyway (`release --audit-last`, from
   `audit_last`; 0 releases `--unaudited`): auditing all 400 versions took about 7 minutes on a
   loaded 2-core machine, doubling the demo. The release's card names the versions not audited.
+- The explorer is reported only once it serves (`krill.demo.explorer`); a busy `--explorer-port`
+  fails the demo before anything starts, and an explorer that dies is named with its log and left
+  out of the summary, while training goes on.
 - The verifiers run at a lower CPU priority (`verifier.nice` = 10): every role shares the same
   few cores here, a version waits for the workers and the coordinator, and a verifier's checks
   have a window of blocks. The benchmarks that measure the verifiers or the system's load
@@ -189,6 +192,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     from krill.chain.rpc import dev_accounts
     from krill.config import CoordinatorConfig
     from krill.demo.disk import DenseStart, check_space, gigabytes, store_contents
+    from krill.demo.explorer import ExplorerNotServing, check_port_free, start_explorer
     from krill.demo.processes import ProcessGroup, interrupt_on_signals
     from krill.keystore import KdfCost, create_keystore
     from krill.model.base import ensure_base_model
@@ -213,6 +217,8 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     need = check_space(workdir, Path(model_dir), config.versions, every, earlier, dense)
     echo(f"the store will take up to about {gigabytes(need)} in {workdir} "
          f"({store_contents(every, dense, config.versions)})")
+    if config.explorer_port:  # asked for explicitly: a busy port fails now, not after the set-up
+        check_port_free(config.explorer_port)
     n = 1 + config.workers + config.verifiers  # funded dev accounts: coordinator, workers, verifiers
     # SIGTERM/SIGHUP stop the demo as a Ctrl-C does (`interrupt_on_signals`), while Anvil and the roles run.
     with interrupt_on_signals(), \
@@ -264,13 +270,13 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
              f"and {config.verifiers} verifiers")
 
         if config.explorer_port is not None:
-            from krill.chain.anvil import free_port
-
-            port = config.explorer_port or free_port()
-            procs.krill("explorer", ["--config", str(run.configs["coordinator"]), "explorer", "--port", str(port),
-                                     "--quiet", "--audit-report", str(workdir / "summary.json")])
-            summary_extra["explorer"] = f"http://127.0.0.1:{port}/"
-            echo(f"explorer: http://127.0.0.1:{port}/ (read-only pages and JSON API over the run's index)")
+            try:
+                url = start_explorer(procs, run.configs["coordinator"], config.explorer_port, workdir / "summary.json")
+            except ExplorerNotServing as exc:
+                echo(f"{exc}; the demo goes on without it")
+            else:
+                summary_extra["explorer"] = url
+                echo(f"explorer: {url} (read-only pages and JSON API over the run's index)")
         coordinator = procs.krill("coordinator", ["--config", str(run.configs["coordinator"]), "coordinator", "run"])
         for role, name in roles[1:]:
             args = ["--config", str(run.configs[name]), role, "run"]
