@@ -9,6 +9,10 @@ Design decisions:
   lives in one place. On-chain parameters (quorum, slash fraction, check probability, challenge
   window, reward per version) live in `chain` and are checked against the contract's run record.
 - Floats in the spec are fine: nobody re-encodes the spec, everyone hashes the stored bytes.
+- The aggregation rule's default is `default_rule` (clip-mix-trim clipping to the median of the
+  non-zero norms); a clip-mix-trim table that does not name `clip_basis` takes it too, but a
+  published spec is read as written: one from before the option names none and meant the plain
+  median, which the class default and the encoding keep.
 - Two parts have run defaults that differ from their config class's own
   (`krill.rl.run_defaults`: `compression` 25% int8, `optimizer` lr 1.5e-4). A partial table for
   one of them is read over the run default, field by field, so a spec file that names only
@@ -22,11 +26,11 @@ import hashlib
 import json
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from krill.errors import PayloadError
 from krill.payload.limits import PayloadLimits
-from krill.rl.aggregate import AggregationRule, ClipMixTrimRule
+from krill.rl.aggregate import AggregationRule, default_rule, rule_over_run_default
 from krill.rl.compression import CompressionConfig
 from krill.rl.loss import LossConfig
 from krill.rl.optimizer import AdamWConfig
@@ -107,7 +111,7 @@ class RunSpec(_Part):
     version: VersionSpec = Field(default_factory=VersionSpec)
     loss: LossConfig = Field(default_factory=LossConfig)
     compression: CompressionConfig = Field(default_factory=lambda: RUN_DEFAULTS["compression"])
-    rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
+    rule: AggregationRule = Field(default_factory=default_rule)
     optimizer: AdamWConfig = Field(default_factory=lambda: RUN_DEFAULTS["optimizer"])
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     trust: TrustSpec = Field(default_factory=TrustSpec)
@@ -118,12 +122,16 @@ class RunSpec(_Part):
 
     @model_validator(mode="before")
     @classmethod
-    def _partial_tables_over_run_defaults(cls, data):
-        """A `compression` or `optimizer` table that names some fields keeps the run default's others."""
+    def _partial_tables_over_run_defaults(cls, data, info: ValidationInfo):
+        """A `compression` or `optimizer` table that names some fields keeps the run default's others; a
+        clip-mix-trim `rule` table without `clip_basis` takes the run default's, except in a published
+        spec (`decode`), where its absence means the plain median it was folded with."""
         if isinstance(data, dict):
             for key in RUN_DEFAULTS:
                 if isinstance(data.get(key), dict):
                     data = {**data, key: over_run_default(key, data[key])}
+            if "rule" in data and not (info.context or {}).get("published"):
+                data = {**data, "rule": rule_over_run_default(data["rule"])}
         return data
 
     @model_validator(mode="after")
@@ -164,7 +172,7 @@ class RunSpec(_Part):
         if len(data) > MAX_SPEC_BYTES:
             raise PayloadError(f"{len(data)} bytes, over the cap of {MAX_SPEC_BYTES}", field="run_spec")
         try:
-            return cls.model_validate_json(data)
+            return cls.model_validate_json(data, context={"published": True})
         except ValueError as exc:
             raise PayloadError(f"not a valid run spec: {exc}", field="run_spec") from None
 

@@ -4,7 +4,8 @@ Design decisions:
 - Rules are pydantic configs selected by `type` (a discriminated union), and the config goes
   into the aggregation record, so anyone can recompute a version with the same rule.
 - Default rule (`clip-mix-trim`): clip every update's norm to `clip_multiplier` x the median
-  non-zero norm (a scaled attacker can then do no more than a typical honest worker), nearest-neighbour
+  non-zero norm (a scaled attacker can then do no more than a typical honest worker; `clip_basis`
+  names the median used, and the plain median of specs published before it stays theirs), nearest-neighbour
   mixing (replace each update by the mean of its n - f nearest updates, NNM, Allouah et al.
   2023: it shrinks the honest spread so the trimmed mean keeps more of the signal), then a
   coordinate-wise trimmed mean removing the fraction f/n of weight at each end.
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Annotated, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from krill.errors import KrillError
 
@@ -71,7 +72,36 @@ class ClipMixTrimRule(_Rule):
     type: Literal["clip-mix-trim"] = "clip-mix-trim"
     trim_fraction: float = Field(0.2, ge=0.0, lt=0.5,
                                  description="Assumed Byzantine fraction: f = floor(trim_fraction * n).")
-    clip_multiplier: float = Field(1.0, gt=0.0, le=100.0, description="Norms are clipped to this x the median norm.")
+    clip_multiplier: float = Field(1.0, gt=0.0, le=100.0,
+                                   description="Norms are clipped to this x the median of the non-zero norms.")
+    clip_basis: Literal["median", "nonzero-median"] = Field(
+        "median", description="What the clip limit is a multiple of: the lower median of all norms (the class "
+                              "default, left out of the encoding so earlier specs keep their bytes) or of the "
+                              "non-zero ones (every new run's: `default_rule`).")
+
+    @model_serializer(mode="wrap")
+    def _omit_plain_median(self, handler):
+        """The plain median (the only basis before the option existed) is left out of the encoding, so run
+        specs and records published before it keep their bytes, their run id and their meaning."""
+        data = handler(self)
+        if self.clip_basis == "median":
+            data.pop("clip_basis", None)
+        return data
+
+
+def default_rule() -> ClipMixTrimRule:
+    """A new run's rule: clip-mix-trim clipping to the median of the non-zero norms (with all norms, half
+    the submissions being zero, as groups that all scored alike give, set the limit to 0)."""
+    return ClipMixTrimRule(clip_basis="nonzero-median")
+
+
+def rule_over_run_default(table):
+    """A rule table as a new run reads it: a clip-mix-trim table that does not name `clip_basis` gets the
+    run default's (`default_rule`), as partial compression and optimizer tables do
+    (`krill.rl.run_defaults`). Published specs are decoded without this (they name what they used)."""
+    if isinstance(table, dict) and table.get("type", "clip-mix-trim") == "clip-mix-trim" and "clip_basis" not in table:
+        return {"type": "clip-mix-trim", **table, "clip_basis": default_rule().clip_basis}
+    return table
 
 
 AggregationRule = Annotated[MeanRule | MedianRule | TrimmedMeanRule | CenteredClipRule | ClipMixTrimRule,
@@ -291,18 +321,19 @@ def _ordered_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def clip_norms(x: torch.Tensor, multiplier: float) -> tuple[torch.Tensor, int]:
-    """Scale every row whose norm exceeds `multiplier` x the lower median of the non-zero norms.
+def clip_norms(x: torch.Tensor, multiplier: float, nonzero: bool = True) -> tuple[torch.Tensor, int]:
+    """Scale every row whose norm exceeds `multiplier` x the lower median of the non-zero norms
+    (`nonzero`, a new run's basis) or of all norms (runs published before the option).
 
     Zero rows (a group whose samples all scored alike has no gradient) carry no direction and
     are left out of the median: with them in, half the submissions being zero set the limit to
     0 and scaled every other update away, so the version learned nothing from its signal.
     """
     norms = x.norm(dim=1)
-    nonzero = torch.sort(norms[norms > 0]).values
-    if len(nonzero) == 0:
+    basis = torch.sort(norms[norms > 0] if nonzero else norms).values
+    if len(basis) == 0:
         return x.clone(), 0
-    limit = multiplier * nonzero[(len(nonzero) - 1) // 2]
+    limit = multiplier * basis[(len(basis) - 1) // 2]
     scale = torch.where(norms > limit, limit / norms.clamp(min=1e-300), torch.ones_like(norms))
     return x * scale.unsqueeze(1), int((norms > limit).sum())
 
@@ -381,7 +412,7 @@ def aggregate(updates: torch.Tensor, weights: torch.Tensor, rule: BaseModel) -> 
         out = centered_clipping(x, w, rule.tau, rule.iterations)
     elif isinstance(rule, ClipMixTrimRule):
         f = int(rule.trim_fraction * n)
-        xc, clipped = clip_norms(x, rule.clip_multiplier)
+        xc, clipped = clip_norms(x, rule.clip_multiplier, nonzero=rule.clip_basis == "nonzero-median")
         mixed = nearest_neighbour_mixing(xc, f)
         out, kept = weighted_trimmed_mean(mixed, w, f / n)
         trimmed = 1.0 - kept.mean(dim=1) / w.clamp(min=1e-300)

@@ -43,9 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from krill.rl.aggregate import AggregationRule, ClipMixTrimRule, aggregate
+from krill.rl.aggregate import AggregationRule, aggregate, default_rule, rule_over_run_default
 from krill.rl.compression import CompressionConfig, decompress_values, densify, shared_masks
 from krill.rl.contribution import (
     Contribution,
@@ -83,9 +83,14 @@ class LocalTrainConfig(BaseModel):
     loss: LossConfig = Field(default_factory=LossConfig)
     optimizer: AdamWConfig = Field(default_factory=lambda: RUN_DEFAULTS["optimizer"])
     compression: CompressionConfig = Field(default_factory=lambda: RUN_DEFAULTS["compression"])
-    rule: AggregationRule = Field(default_factory=ClipMixTrimRule)
+    rule: AggregationRule = Field(default_factory=default_rule)
     stale_gradients: bool = Field(False, description="Apply each version's contributions one version later "
                                                      "(gradients one version stale, as a pipelined protocol run).")
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _rule_over_run_default(cls, value):
+        return rule_over_run_default(value)
 
     @model_validator(mode="after")
     def _room_for_stale_gradients(self) -> LocalTrainConfig:

@@ -76,3 +76,23 @@ def test_a_kl_penalty_is_refused_since_no_role_keeps_a_reference_policy():
 
     with pytest.raises(ValidationError, match="loss.kl_coef 0.1: the protocol keeps no reference policy"):
         _spec(loss=LossConfig(kl_coef=0.1))
+
+
+def test_a_new_run_clips_to_the_non_zero_median_and_a_published_spec_keeps_the_basis_it_named(tmp_path):
+    """The clip limit's basis changed (zero updates set the plain median to 0): new runs name the new basis,
+    and a spec published before the option (no `clip_basis`) keeps its bytes, its run id and its plain
+    median, so its versions are recomputed as they were folded."""
+    from krill.rl.aggregate import ClipMixTrimRule, MedianRule
+
+    new = _spec()
+    assert json.loads(new.encode())["rule"]["clip_basis"] == "nonzero-median"
+    partial = RunSpec.model_validate({**json.loads(new.encode()), "rule": {"type": "clip-mix-trim", "trim_fraction": 0.3}})
+    assert partial.rule.clip_basis == "nonzero-median"  # a table naming other fields takes the run default
+    assert isinstance(RunSpec.model_validate({**json.loads(new.encode()), "rule": {"type": "median"}}).rule, MedianRule)
+    store = LocalStore(tmp_path / "store")
+    old_bytes = _spec(rule=ClipMixTrimRule()).encode()  # as published before the option: no clip_basis
+    assert "clip_basis" not in json.loads(old_bytes)["rule"]
+    run_id = store.put_block(old_bytes, pin=True) and __import__("hashlib").sha256(old_bytes).digest()
+    loaded = load_spec(store, run_id)
+    assert loaded.rule.clip_basis == "median" and loaded.encode() == old_bytes and loaded.run_id == run_id
+    assert load_spec(store, publish_spec(store, new)).rule.clip_basis == "nonzero-median"

@@ -14,6 +14,7 @@ from krill.rl.aggregate import (
     TrimmedMeanRule,
     aggregate,
     clip_norms,
+    default_rule,
 )
 
 
@@ -234,7 +235,7 @@ def test_zero_updates_do_not_set_the_clip_limit_to_zero():
     # Two groups scored alike (no gradient) and two carry signal of equal norm: the signal must
     # survive. With the zero rows in the median, the limit was 0 and the version learned nothing.
     x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0], [4.0, 3.0]])
-    out, stats = aggregate(x, torch.ones(4), ClipMixTrimRule())
+    out, stats = aggregate(x, torch.ones(4), default_rule())
     assert stats.clipped == 0
     assert torch.allclose(out, aggregate(x, torch.ones(4), MeanRule())[0])
     assert float(out.norm()) > 0
@@ -246,3 +247,10 @@ def test_clip_limit_is_the_median_of_the_non_zero_norms():
     assert clipped == 1 and clipped_rows.flatten().tolist() == [0.0, 1.0, 2.0, 2.0, 0.0]
     zeros = torch.zeros(3, 2)
     assert clip_norms(zeros, 1.0)[1] == 0 and bool((clip_norms(zeros, 1.0)[0] == 0).all())
+
+
+def test_a_rule_published_with_the_plain_median_still_folds_with_it():
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 0.0], [4.0, 3.0]])
+    old, stats = aggregate(x, torch.ones(4), ClipMixTrimRule())  # the class default: the plain median
+    assert stats.clipped == 2 and float(old.norm()) == 0.0
+    assert clip_norms(x, 1.0, nonzero=False)[1] == 2
