@@ -10,6 +10,10 @@ Design decisions:
 - "Serving" means the child printed its `explorer: serving http://...` line, which `krill explorer`
   prints only after it has bound and is listening. A probe of the port would not do: with the port
   held by another process, connecting succeeds while our explorer has already died.
+- The index database is created (empty, `open_database`) before the explorer starts: the demo
+  starts the explorer before the coordinator, which creates the index only once it runs, and an
+  explorer finding no database exits at once ("no database at ...": it did so whenever it beat
+  the coordinator to it). It then shows the run as the coordinator indexes it.
 - The wait is bounded (`EXPLORER_WAIT_S`: imports take seconds on a loaded machine); a child that
   neither serves nor exits by then is stopped (by PID) and reported as not started.
 """
@@ -79,9 +83,15 @@ def wait_for_serving(child, offset: int, wait_s: float = EXPLORER_WAIT_S, stop=N
         time.sleep(0.1)
 
 
-def start_explorer(procs, config_path: Path, port: int, audit_report: Path, wait_s: float = EXPLORER_WAIT_S) -> str:
-    """Start `krill explorer` as the child "explorer" of `procs` and return its URL once it serves;
+def start_explorer(procs, config_path: Path, db_url: str, port: int, audit_report: Path,
+                   wait_s: float = EXPLORER_WAIT_S) -> str:
+    """Create the index at `db_url` if missing, start `krill explorer` (configured by `config_path`, whose
+    database is `db_url`) as the child "explorer" of `procs`, and return its URL once it serves;
     `ExplorerNotServing` (one line) if it does not."""
+    from krill.db.session import open_database
+
+    with open_database(db_url):  # the same tables (and schema versions) the coordinator creates
+        pass
     log_path = procs.log_dir / "explorer.log"
     offset = log_path.stat().st_size if log_path.exists() else 0  # the log is appended to
     child = procs.krill("explorer", ["--config", str(config_path), "explorer", "--host", EXPLORER_HOST,

@@ -271,7 +271,8 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
 
         if config.explorer_port is not None:
             try:
-                url = start_explorer(procs, run.configs["coordinator"], config.explorer_port, workdir / "summary.json")
+                url = start_explorer(procs, run.configs["coordinator"], db_url, config.explorer_port,
+                                     workdir / "summary.json")
             except ExplorerNotServing as exc:
                 echo(f"{exc}; the demo goes on without it")
             else:

@@ -28,10 +28,24 @@ def test_the_demo_reports_the_explorer_only_once_it_serves(tmp_path):
         holder.listen()
         port = holder.getsockname()[1]
         with pytest.raises(ExplorerNotServing) as refused:
-            start_explorer(procs, config, port, tmp_path / "summary.json")
+            start_explorer(procs, config, world.url, port, tmp_path / "summary.json")
         assert str(refused.value) == (f"explorer did not start (exit 1): error: cannot listen on 127.0.0.1:{port}: "
                                       "Address already in use; choose another --port (0: any free one) or --host, "
                                       f"or stop what holds it (log {tmp_path / 'logs' / 'explorer.log'})")
-        url = start_explorer(procs, config, 0, tmp_path / "summary.json")
+        url = start_explorer(procs, config, world.url, 0, tmp_path / "summary.json")
         assert url.startswith("http://127.0.0.1:") and url != f"http://127.0.0.1:{port}/"
         assert httpx.get(url + "api/versions", timeout=30).json()["total"] == 3
+
+
+@pytest.mark.slow
+def test_the_demo_explorer_serves_before_the_coordinator_made_the_index(tmp_path):
+    db_url = f"sqlite:///{tmp_path / 'krill.db'}"  # no file yet: the demo starts the explorer before the coordinator
+    config = tmp_path / "explorer.toml"
+    config.write_text(tomli_w.dumps({"database": {"url": db_url},
+                                     "store": {"type": "local", "path": str(tmp_path / "store")}}))
+    env = {**os.environ, "KRILL_HOME": str(tmp_path / "home")}
+    env.pop("KRILL_CONFIG", None)
+    with ProcessGroup(tmp_path / "logs", env) as procs:
+        url = start_explorer(procs, config, db_url, 0, tmp_path / "summary.json")
+        assert httpx.get(url + "api/runs", timeout=30).json()["total"] == 0  # empty until the coordinator indexes
+        assert procs.children[0].running()
