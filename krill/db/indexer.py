@@ -26,8 +26,10 @@ Design decisions:
   one that has not reached that block yet (a node behind the others, or a restarted devnet still
   short of it) raises `ChainUnavailableError`, which roles wait out, so nothing is applied until
   it can be told apart. The check is free where the logs of the next query include that block
-  (`latest_logs`: the query starts there); otherwise it costs one block read per pass that reads
-  the head, and the head path reads each batch's last block's hash before its logs.
+  (`latest_logs`: the query starts there). The head path reads each batch's last block before its
+  logs (its hash is the next tip) and compares the first new block's parent hash with the tip: one
+  block read for a pass with one new block, two with more. A pass with no new block checks the
+  tip by one block read at most every `TIP_CHECK_S`.
 - `rebuild()` drops the index tables and replays from `start_block` (the deploy block): the index
   is a cache of chain + store, and a test checks the rebuilt rows equal the incremental ones.
 - The cursor is read from the database once per process and then kept in memory: a pass with new
@@ -87,6 +89,7 @@ log = logging.getLogger(__name__)
 
 TIP_ROW = 2  # `IndexAnchor` row of the last indexed block (row 1: the start block)
 HEAD_READ_S = 1.0  # with `latest_logs`, how often a pass that found no logs reads the head anyway
+TIP_CHECK_S = 5.0  # how often a pass with no new block checks the last indexed block's hash
 
 
 @dataclass
@@ -151,6 +154,7 @@ class Indexer:
         self._cursor: int | None = None  # next block to read, as this process last read or wrote it
         self._tip: tuple[int, str] | None = None  # (block, hash) of the last indexed block
         self._anchored = False  # the start block's hash was found on the chain and checked
+        self._tip_checked_at = float("-inf")  # monotonic time of the last tip check
         self._head_read_at = float("-inf")  # monotonic time of the last head read
 
     # ------------------------------------------------------------------ chain access
@@ -270,14 +274,19 @@ class Indexer:
                 "`krill index rebuild`, or set database.url to another database")
 
     def _block_hash(self, number: int) -> str:
+        return self._block_ids(number)[0]
+
+    def _block_ids(self, number: int) -> tuple[str, str]:
+        """(hash, parent hash) of block `number`, hex."""
         w3 = self.chain.w3
-        return bytes(with_retries(lambda: w3.eth.get_block(number)["hash"], "eth_getBlockByNumber",
-                                  endpoint=endpoint_of(w3))).hex()
+        block = with_retries(lambda: w3.eth.get_block(number), "eth_getBlockByNumber", endpoint=endpoint_of(w3))
+        return bytes(block["hash"]).hex(), bytes(block["parentHash"]).hex()
 
     def _check_tip(self, hashes: dict[int, str]) -> None:
         """The chain still has the last indexed block as indexed (from `hashes`, the logs' block hashes,
         where they hold it; else one block read). IndexMismatchError when it has another block there;
         ChainUnavailableError while it has none (see the module docstring)."""
+        self._tip_checked_at = time.monotonic()
         if self._tip is None:
             return
         number, indexed = self._tip
@@ -317,11 +326,19 @@ class Indexer:
         safe = self.safe_head()
         self._head_read_at = time.monotonic()
         report = SyncReport(from_block=first, next_block=first, safe_head=safe)
-        start = first
-        self._check_tip({})  # also with no new block: a chain that went back is not left unnoticed
+        start, checked = first, False
+        if start > safe and time.monotonic() - self._tip_checked_at >= TIP_CHECK_S:
+            self._check_tip({})  # no new block: now and then, so a chain that went back is not left unnoticed
         while start <= safe:
             end = min(safe, start + self.batch_blocks - 1)
-            end_hash = self._block_hash(end)  # before its logs: a reorg in between then shows on the next check
+            end_hash, end_parent = self._block_ids(end)  # before its logs: a reorg in between shows on the next check
+            if not checked:  # the tip is the parent of the first new block: its parentHash, read with it
+                checked = True
+                if self._tip is not None and self._tip[0] == start - 1:
+                    parent = end_parent if start == end else self._block_ids(start)[1]
+                    self._check_tip({start - 1: parent})
+                else:
+                    self._check_tip({})
             events, stamped, _, _ = self._logs(start, end)
             if not self._apply(start, end, events, stamped, report, end_hash):
                 start = self._cursor  # another indexer applied this range: go on from its cursor

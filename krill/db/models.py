@@ -124,8 +124,9 @@ class IndexMeta(IndexBase):
 
 
 class IndexAnchor(IndexBase):
-    """The hash of the index's start block (a single row, id 1): chain id and contract address alone do not tell
-    two chains apart (a restarted devnet has the same chain id and, deploying the same way, the same address)."""
+    """Block hashes the index was built on: row 1 the start block's (chain id and contract address alone do not
+    tell two chains apart: a restarted devnet has the same chain id and, deploying the same way, the same
+    address), row 2 the last indexed block's (a reorganisation or restart under a running indexer)."""
 
     __tablename__ = "index_anchor"
 

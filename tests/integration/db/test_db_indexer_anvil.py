@@ -218,6 +218,7 @@ def test_a_chain_that_went_back_under_the_index_is_caught_not_mixed_in(anvil_pla
 
     node, _sc, _store = anvil_played
     monkeypatch.setattr(indexer_module, "HEAD_READ_S", 0.0)
+    monkeypatch.setattr(indexer_module, "TIP_CHECK_S", 0.0)  # a pass with no new block checks the tip at once
     w3 = connect_http(node.rpc_url)
     admin = dev_account(0)
     deployment = deploy(w3, admin)
@@ -247,3 +248,29 @@ def test_a_chain_that_went_back_under_the_index_is_caught_not_mixed_in(anvil_pla
         with db.session() as s:  # the other chain's event replaces the old one; none is mixed in
             assert s.scalar(select(func.count()).select_from(ChainEventRow)) == events
         assert fresh.sync().events == 0
+
+
+def test_the_tip_check_costs_one_block_read_a_pass_with_one_new_block_and_none_on_quiet_passes(anvil_played, tmp_path):
+    """The head path reads each batch's last block before its logs (the next tip) and checks the tip against
+    the first new block's parent hash, read with it; a pass without a new block reads the tip at most every
+    `TIP_CHECK_S`."""
+    node, _sc, _store = anvil_played
+    w3 = connect_http(node.rpc_url)
+    admin = dev_account(0)
+    deployment = deploy(w3, admin)
+    chain = KrillChain(w3, deployment.protocol, admin)
+    with open_database(f"sqlite:///{tmp_path / 'index.db'}") as db:
+        ix = Indexer(chain, db, start_block=deployment.block_number)
+        ix.sync()
+        sent = requests_sent(w3)
+        chain.set_minimum_stake(Role.WORKER, 103 * TOKEN)
+        sent.clear()
+        assert ix.sync().events == 1
+        assert sorted(sent) == ["eth_blockNumber", "eth_getBlockByNumber", "eth_getLogs"]
+        sent.clear()
+        ix.sync()
+        assert sent == ["eth_blockNumber"]
+        mine(w3, 3)
+        sent.clear()
+        ix.sync()
+        assert sent.count("eth_getBlockByNumber") == 2  # the batch's first block (its parent) and its last
