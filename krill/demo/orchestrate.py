@@ -26,6 +26,10 @@ Design decisions:
 - The explorer is reported only once it serves (`krill.demo.explorer`); a busy `--explorer-port`
   fails the demo before anything starts, and an explorer that dies is named with its log and left
   out of the summary, while training goes on.
+- The summary counts as accepted only contributions folded into a published version: the
+  coordinator may be stopped after journalling version t+1 (its accepted rows carry
+  `aggregated_version` t+1) and before publishing it. Those, and contributions validated but not
+  folded yet, are reported apart (`accepted_unpublished`) when there are any.
 - The verifiers run at a lower CPU priority (`verifier.nice` = 10): every role shares the same
   few cores here, a version waits for the workers and the coordinator, and a verifier's checks
   have a window of blocks. The benchmarks that measure the verifiers or the system's load
@@ -315,6 +319,12 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
         final = summary["versions"]
         echo(f"training stopped after {train_seconds / 60:.1f} min at version {final}"
              + ("; releasing ..." if config.release else ""))
+        unpublished = summary.get("accepted_unpublished")
+        if unpublished:
+            folded = ", ".join(str(v) for v in unpublished["versions"])
+            echo(f"{unpublished['contributions']} accepted contribution(s) are in no published version, so not counted "
+                 "as accepted: " + (f"folded into version(s) {folded}, which the coordinator journalled but had not "
+                                    "published when it stopped, or " if folded else "") + "validated but not folded yet")
         if config.release:
             out = procs.run("release", release_args(config, run.configs["coordinator"], final, workdir / "release"),
                             timeout=900)
@@ -390,7 +400,9 @@ class ProgressWatcher:
 
 
 def collect_summary(db_url: str, run: DemoRun) -> dict:
-    """Per-worker outcomes and verification counts, from the index."""
+    """Per-worker outcomes and verification counts, from the index. "accepted" counts contributions folded
+    into a published version (aggregated_version <= the run's latest); accepted ones in no published
+    version are counted apart, per worker and in "accepted_unpublished", where there are any."""
     from sqlalchemy import func, select
 
     from krill.db.models import Contribution, ContributionStatus, Participant, Run, Slash, Verdict
@@ -399,20 +411,31 @@ def collect_summary(db_url: str, run: DemoRun) -> dict:
     run_id = run.run_id.removeprefix("0x").lower()
     with open_database(db_url) as db, db.session() as s:
         latest = s.execute(select(Run.latest_version).where(Run.run_id == run_id)).scalar_one()
+        published = Contribution.aggregated_version.is_not(None) & (Contribution.aggregated_version <= latest)
+        accepted = (Contribution.run_id == run_id) & (Contribution.status == ContributionStatus.ACCEPTED)
         workers = []
         for address, behavior in sorted(run.behaviors.items(), key=lambda kv: run.names[kv[0]]):
             p = s.get(Participant, address)
 
-            def count(status, address=address):
+            def count(*where, address=address):
                 return s.scalar(select(func.count()).select_from(Contribution).where(
-                    Contribution.run_id == run_id, Contribution.worker == address, Contribution.status == status)) or 0
+                    Contribution.run_id == run_id, Contribution.worker == address, *where)) or 0
 
             slashed = s.scalar(select(func.count()).select_from(Slash).where(Slash.worker == address)) or 0
+            pending = count(accepted, ~published)
             workers.append({"name": run.names[address], "address": address, "behavior": behavior,
-                            "accepted": count(ContributionStatus.ACCEPTED), "rejected": count(ContributionStatus.REJECTED),
+                            "accepted": count(accepted, published),
+                            **({"accepted_unpublished": pending} if pending else {}),
+                            "rejected": count(Contribution.status == ContributionStatus.REJECTED),
                             "slashed": slashed, "jailed": bool(p.jailed) if p else False,
                             "trust": round(p.trust, 4) if p else None,
                             "rewards": (p.rewards_credited / TOKEN) if p else 0.0})
+        unpublished = s.scalar(select(func.count()).select_from(Contribution).where(accepted, ~published)) or 0
+        versions = s.scalars(select(Contribution.aggregated_version).distinct().where(
+            accepted, Contribution.aggregated_version > latest).order_by(Contribution.aggregated_version)).all()
         checked = s.scalar(select(func.count()).select_from(Verdict)) or 0
         failed = s.scalar(select(func.count()).select_from(Verdict).where(Verdict.ok.is_(False))) or 0
-    return {"versions": int(latest), "workers": workers, "verifications": {"checked": checked, "failed": failed}}
+    summary = {"versions": int(latest), "workers": workers, "verifications": {"checked": checked, "failed": failed}}
+    if unpublished:
+        summary["accepted_unpublished"] = {"contributions": unpublished, "versions": [int(v) for v in versions]}
+    return summary
