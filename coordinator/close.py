@@ -8,7 +8,9 @@ Design decisions:
   close: each accepted, not yet folded contribution is weighed (`trust.weigh`) for version t;
   those that became stale, jailed or fell below the trust floor are rejected now, with the reason.
 - The decision takes contributions in commit-id order (deterministic), at most
-  `MAX_ACCEPTED_PER_VERSION` of them (the rest wait for the next version), plus every rejection
+  `spec.version.max_per_worker` of one worker (its others wait for the next version, as stale
+  ones are then rejected: one staked account cannot fill a version) and at most
+  `MAX_ACCEPTED_PER_VERSION` in all (the rest wait for the next version), plus every rejection
   not yet named in a record (at most `MAX_REJECTED_PER_RECORD`), and no more of either than keep
   the record under its cap whatever the fold's outcomes (`fitting_entries`: each accepted entry
   adds a trimmed fraction to every shard's outcome, so with many shards the cap binds before 200
@@ -118,10 +120,15 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
             Contribution.aggregated_version.is_(None)).order_by(Contribution.commit_id)))
         standing = standings(s, ctx.run_hex, {c.worker for c in waiting}, ctx.spec.chain.check_probability_ppm,
                              refuted(s, ctx.run_hex))
-    eligible, late = [], []
+    eligible, late, per_worker = [], [], {}
+    cap = ctx.spec.version.max_per_worker
     for row in waiting:
         w = weigh(ctx.spec, standing.get(row.worker, Standing(0, 0, False)), version, row.version)
-        (eligible if w.weight is not None else late).append((row, w))
+        if w.weight is None:
+            late.append((row, w))
+        elif cap is None or per_worker.get(row.worker, 0) < cap:  # over the cap: waits for the next version
+            per_worker[row.worker] = per_worker.get(row.worker, 0) + 1
+            eligible.append((row, w))
     previous = published_at(ctx, version - 1)
     since = None if previous is None else now - previous
     closed_by = closing_reason(ctx.spec, len(eligible), since)

@@ -22,7 +22,8 @@ Design decisions:
 - Rejections are the coordinator's judgement: the audit checks that each names a real commit of
   the run, that no commit is both accepted and rejected, and each reason that public data can
   bear out (`krill.audit.entries.false_rejection`). That no commit is left out of every record is
-  the `coverage` row (`krill.audit.coverage`).
+  the `coverage` row (`krill.audit.coverage`). No worker may have more accepted entries than the
+  run's `version.max_per_worker`.
 - Faulty public data (`krill.audit.source.DATA_ERRORS`: missing content, a blob that does not decode,
   weights that cannot be folded, an id the chain cannot hold) fails the check that read it, and the
   audit goes on with what it can still check. Any other exception is a fault of the audit, not a
@@ -110,6 +111,15 @@ def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
         problems.append("a commit is accepted twice")
     if set(accepted) & set(rejected):
         problems.append(f"commits {sorted(set(accepted) & set(rejected))} are both accepted and rejected")
+    cap = source.spec.version.max_per_worker
+    if cap is not None:
+        per_worker: dict[str, int] = {}
+        for entry in record.accepted:
+            per_worker[entry.worker] = per_worker.get(entry.worker, 0) + 1
+        over = sorted((w, n) for w, n in per_worker.items() if n > cap)
+        if over:
+            problems.append("; ".join(f"{w} has {n} accepted contributions, over the run's cap of {cap} per worker"
+                                      for w, n in over))
     for entry in record.rejected:
         try:
             commit = source.commit(entry.commit_id)

@@ -9,6 +9,8 @@ Design decisions:
   lives in one place. On-chain parameters (quorum, slash fraction, check probability, challenge
   window, reward per version) live in `chain` and are checked against the contract's run record.
 - Floats in the spec are fine: nobody re-encodes the spec, everyone hashes the stored bytes.
+- A new run caps one worker's contributions per version at `MAX_PER_WORKER_DEFAULT`
+  (`version.max_per_worker`); a spec published before the option names none and has no cap.
 - The aggregation rule's default is `default_rule` (clip-mix-trim clipping to the median of the
   non-zero norms); a clip-mix-trim table that does not name `clip_basis` takes it too, but a
   published spec is read as written: one from before the option names none and meant the plain
@@ -26,7 +28,7 @@ import hashlib
 import json
 from functools import cached_property
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_serializer, model_validator
 
 from krill.errors import PayloadError
 from krill.payload.limits import PayloadLimits
@@ -62,6 +64,28 @@ class VersionSpec(_Part):
     contributions: int = Field(4, ge=1, le=4096, description="K: close once this many are accepted.")
     deadline_s: float = Field(60.0, gt=0, le=86_400, description="Or once this long has passed with >= min_contributions.")
     min_contributions: int = Field(1, ge=1, le=4096, description="Fewest accepted contributions a version may fold.")
+    max_per_worker: int | None = Field(
+        None, ge=1, le=4096,
+        description="Most contributions of one worker a version folds (the rest wait for the next version), so the "
+                    "robust fold's bound on hostile mass holds per staked account, not per contribution. None: no "
+                    "cap (specs published before the option; left out of the encoding). New runs: "
+                    "`MAX_PER_WORKER_DEFAULT`.")
+
+    @model_serializer(mode="wrap")
+    def _omit_no_cap(self, handler):
+        """No cap (the only choice before the option existed) is left out of the encoding, so run specs
+        published before it keep their bytes, their run id and their meaning."""
+        data = handler(self)
+        if self.max_per_worker is None:
+            data.pop("max_per_worker", None)
+        return data
+
+
+MAX_PER_WORKER_DEFAULT = 2  # a new run's cap: the worker's own default commits per version (`worker.max_per_version`)
+
+
+def _version_default() -> VersionSpec:
+    return VersionSpec(max_per_worker=MAX_PER_WORKER_DEFAULT)
 
 
 class TrustSpec(_Part):
@@ -108,7 +132,7 @@ class RunSpec(_Part):
     num_shards: int = Field(2, ge=1, le=256, description="Contiguous parameter shards.")
     engine: str = Field("hf-torch", pattern=r"^[A-Za-z0-9._-]{1,64}$", description="Reference rollout engine.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    version: VersionSpec = Field(default_factory=VersionSpec)
+    version: VersionSpec = Field(default_factory=_version_default)
     loss: LossConfig = Field(default_factory=LossConfig)
     compression: CompressionConfig = Field(default_factory=lambda: RUN_DEFAULTS["compression"])
     rule: AggregationRule = Field(default_factory=default_rule)
@@ -124,14 +148,18 @@ class RunSpec(_Part):
     @classmethod
     def _partial_tables_over_run_defaults(cls, data, info: ValidationInfo):
         """A `compression` or `optimizer` table that names some fields keeps the run default's others; a
-        clip-mix-trim `rule` table without `clip_basis` takes the run default's, except in a published
-        spec (`decode`), where its absence means the plain median it was folded with."""
+        clip-mix-trim `rule` table without `clip_basis`, and a `version` table without `max_per_worker`,
+        take the run default's, except in a published spec (`decode`), where their absence means what
+        it meant when it was published (the plain median; no cap)."""
         if isinstance(data, dict):
             for key in RUN_DEFAULTS:
                 if isinstance(data.get(key), dict):
                     data = {**data, key: over_run_default(key, data[key])}
-            if "rule" in data and not (info.context or {}).get("published"):
-                data = {**data, "rule": rule_over_run_default(data["rule"])}
+            if not (info.context or {}).get("published"):
+                if "rule" in data:
+                    data = {**data, "rule": rule_over_run_default(data["rule"])}
+                if isinstance(data.get("version"), dict) and "max_per_worker" not in data["version"]:
+                    data = {**data, "version": {**data["version"], "max_per_worker": MAX_PER_WORKER_DEFAULT}}
         return data
 
     @model_validator(mode="after")

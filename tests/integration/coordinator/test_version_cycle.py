@@ -330,3 +330,37 @@ def test_content_missing_at_ingest_is_retried_with_back_off_then_rejected_at_the
     assert ingest_module.ingest(ctx, next_version=1, now=past_deadline).rejected == 1  # the deadline is never skipped
     with ctx.db.session() as s:
         assert s.get(Contribution, commit).reason_code == RejectionCode.UNAVAILABLE
+
+
+def test_a_version_folds_at_most_max_per_worker_contributions_of_one_worker(coordinator_env):
+    """One staked account committing many contributions could fill a version and outweigh the robust fold's
+    trim: the decision takes at most `version.max_per_worker` of a worker's, in commit order; the rest wait."""
+    from conftest import SMALL_SPEC
+
+    from krill.coordinator.close import decide
+    from krill.coordinator.ingest import ingest
+    from krill.coordinator.journal import ensure_tables
+
+    env = coordinator_env({**SMALL_SPEC, "version": {"contributions": 2, "deadline_s": 600.0, "max_per_worker": 1}})
+    assert env.spec.version.max_per_worker == 1
+    (a1, w1), (a2, w2) = env.stake(1), env.stake(2)
+    ids = []
+    for account, who, nonce in ((a1, w1, 0), (a1, w1, 1), (a1, w1, 2)):
+        header, files = env.produce(who, nonce=nonce)
+        env.upload(header, files)
+        ids.append(env.commit(account, header))
+    ctx, indexer = env.context()
+    ensure_tables(ctx.db)
+    indexer.sync()
+    ingest(ctx, next_version=1)
+    assert decide(ctx, 1) is None  # three of one worker's: one eligible, short of K = 2
+    header, files = env.produce(w2, nonce=0)
+    env.upload(header, files)
+    other = env.commit(a2, header)
+    indexer.sync()
+    ingest(ctx, next_version=1)
+    decision = decide(ctx, 1)
+    assert decision is not None and [e["commit_id"] for e in decision.accepted] == [ids[0], other]
+    with ctx.db.session() as s:
+        waiting = [s.get(Contribution, c) for c in ids[1:]]
+    assert all(c.status == ContributionStatus.ACCEPTED and c.aggregated_version is None for c in waiting)

@@ -194,3 +194,14 @@ def test_a_slash_after_the_stake_could_leave_or_without_grounds_fails(tmp_path, 
     assert (f"commit {framed} was slashed, but the audit's replay passes every check and no failing verdict said "
             "its content was unavailable") in row.detail
     assert f"commit {fair} " not in row.detail
+
+
+def test_a_record_folding_more_of_one_workers_contributions_than_the_cap_fails_the_entries_row(tmp_path):
+    world = _world(tmp_path)
+    assert world.spec.version.max_per_worker == 2  # a new run's default
+    world.publish(1, accepted=[entry(1, worker=A), entry(2, worker=B), entry(3, worker=A), entry(4, worker=A)])
+    (report,) = audit_versions(world.source(), [1])
+    assert f"{A} has 3 accepted contributions, over the run's cap of 2 per worker" in _row(report, "entries").detail
+    world.publish(2, accepted=ACCEPTED)  # A twice: within the cap
+    (report,) = audit_versions(world.source(), [2])
+    assert "over the run's cap" not in _row(report, "entries").detail
