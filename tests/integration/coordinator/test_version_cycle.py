@@ -335,13 +335,13 @@ def test_content_missing_at_ingest_is_retried_with_back_off_then_rejected_at_the
 def test_a_version_folds_at_most_max_per_worker_contributions_of_one_worker(coordinator_env):
     """One staked account committing many contributions could fill a version and outweigh the robust fold's
     trim: the decision takes at most `version.max_per_worker` of a worker's, in commit order; the rest wait."""
-    from conftest import SMALL_SPEC
-
     from krill.coordinator.close import decide
     from krill.coordinator.ingest import ingest
     from krill.coordinator.journal import ensure_tables
 
-    env = coordinator_env({**SMALL_SPEC, "version": {"contributions": 2, "deadline_s": 600.0, "max_per_worker": 1}})
+    env = coordinator_env({"rollout": {"prompts_per_contribution": 2, "group_size": 4}, "chain": {"max_staleness": 0},
+                           "eval_n": 16, "compression": {"dense_versions": 1},
+                           "version": {"contributions": 2, "deadline_s": 600.0, "max_per_worker": 1}})
     assert env.spec.version.max_per_worker == 1
     (a1, w1), (a2, w2) = env.stake(1), env.stake(2)
     ids = []
