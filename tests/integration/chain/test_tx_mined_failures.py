@@ -12,38 +12,11 @@ from chain_constants import RUN_ID, digest
 
 from krill.chain import errors as E
 from krill.chain.types import to_bytes32, to_uint
-from krill.chain.view_codec import function_codecs
+from krill.testing.races import beaten_in_one_block
 
 
 def _beaten_in_one_block(env, monkeypatch, client, rival, name: str, args: tuple) -> None:
-    """Make `client`'s next transaction pass its estimate, then have `rival` send `name(args)` with a ten
-    times higher tip before it is sent, and mine both in one block."""
-    if env.backend != "anvil":
-        pytest.skip("needs a node whose automining can be paused")
-    w3, ours = env.w3, client._tx
-    estimate, send_raw = ours._gas_limit, ours._send_raw
-
-    def estimate_then_rival(probe, what):
-        gas = estimate(probe, what)
-        w3.provider.make_request("evm_setAutomine", [False])
-        theirs = rival._tx
-        fees = {k: 10 * v for k, v in ours._fees().items()}
-        tx = {"from": theirs.address, "to": env.deployment.protocol, "value": 0, "gas": 500_000,
-              "data": function_codecs("KrillProtocol")[name].calldata(args), "chainId": w3.eth.chain_id, **fees,
-              "nonce": theirs.nonces.take(w3, theirs.address, theirs.retry)}
-        theirs._send_raw(theirs.account.sign_transaction(tx).raw_transaction, f"rival {name}")
-        return gas
-
-    def send_then_mine(raw, what):
-        tx_hash = send_raw(raw, what)
-        try:
-            w3.provider.make_request("evm_mine", [])
-        finally:
-            w3.provider.make_request("evm_setAutomine", [True])
-        return tx_hash
-
-    monkeypatch.setattr(ours, "_gas_limit", estimate_then_rival)
-    monkeypatch.setattr(ours, "_send_raw", send_then_mine)
+    beaten_in_one_block(env.w3, env.deployment.protocol, monkeypatch, client, rival, name, args)
 
 
 def test_a_commit_whose_digest_a_front_runner_took_in_its_block_names_digest_taken(staked, monkeypatch):

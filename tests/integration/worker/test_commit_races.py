@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from worker_accounts import WORKERS
 
 from krill.chain.types import to_bytes32, to_uint
-from krill.chain.view_codec import function_codecs
+from krill.testing.races import beaten_in_one_block
 from krill.worker.backoff import Backoff
 from krill.worker.contribute import COMMITTED, FRONT_RUN, STALE, Contributor
 from krill.worker.nonce_state import Pending, WorkerState
@@ -42,30 +42,7 @@ def _save(contributor: Contributor, version: int, label: bytes) -> tuple[Pending
 def _beaten_in_one_block(env, monkeypatch, contributor: Contributor, rival, name: str, args: tuple) -> None:
     """The contributor's next commit passes its estimate; then `rival` sends `name(args)` with a ten times
     higher tip, and both are mined in one block, the rival's first."""
-    w3, ours = env.w3, contributor.chain._tx
-    estimate, send_raw = ours._gas_limit, ours._send_raw
-
-    def estimate_then_rival(probe, what):
-        gas = estimate(probe, what)
-        w3.provider.make_request("evm_setAutomine", [False])
-        theirs = rival._tx
-        fees = {k: 10 * v for k, v in ours._fees().items()}
-        tx = {"from": theirs.address, "to": env.deployment.protocol, "value": 0, "gas": 500_000,
-              "data": function_codecs("KrillProtocol")[name].calldata(args), "chainId": w3.eth.chain_id, **fees,
-              "nonce": theirs.nonces.take(w3, theirs.address, theirs.retry)}
-        theirs._send_raw(theirs.account.sign_transaction(tx).raw_transaction, f"rival {name}")
-        return gas
-
-    def send_then_mine(raw, what):
-        tx_hash = send_raw(raw, what)
-        try:
-            w3.provider.make_request("evm_mine", [])
-        finally:
-            w3.provider.make_request("evm_setAutomine", [True])
-        return tx_hash
-
-    monkeypatch.setattr(ours, "_gas_limit", estimate_then_rival)
-    monkeypatch.setattr(ours, "_send_raw", send_then_mine)
+    beaten_in_one_block(env.w3, env.deployment.protocol, monkeypatch, contributor.chain, rival, name, args)
 
 
 def test_a_commit_a_front_runner_beat_in_its_block_is_logged_front_run_and_the_next_one_lands(
