@@ -56,22 +56,20 @@ class RunHistory:
             WorkerJailed,
         )
 
-        history, commits, fails, pool = cls(), set(), {}, 0
-        worker_of: dict[int, str] = {}
+        history, fails, pool = cls(), {}, 0
+        commits = history.commits  # the run's commits so far: verdicts count for the run when their commit is one
         kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed, WorkerJailed)
         events = sorted(chain.events(from_block=from_block, kinds=kinds), key=lambda e: (e.block_number, e.log_index))
         for event in events:
             where = (event.block_number, event.log_index)
             if isinstance(event, Committed) and event.run_id == run_id:
-                commits.add(event.commit_id)
-                worker_of[event.commit_id] = event.worker.lower()
-                history.commits[event.commit_id] = (event.block_number, event.worker.lower())
+                commits[event.commit_id] = (event.block_number, event.worker.lower())
                 key = (event.worker.lower(), int(event.nonce))
                 history.first_commits[key] = min(history.first_commits.get(key, event.commit_id), event.commit_id)
             elif isinstance(event, Attested):
                 fails[event.commit_id] = max(fails.get(event.commit_id, 0), int(event.fail_count))
-                if event.commit_id in worker_of:  # a commit of this run: committed before its verdicts
-                    history.verdicts[worker_of[event.commit_id]].append((event.block_number, bool(event.ok)))
+                if event.commit_id in commits:  # a commit of this run: committed before its verdicts
+                    history.verdicts[commits[event.commit_id][1]].append((event.block_number, bool(event.ok)))
                 if not event.ok:
                     history.failing_evidence[event.commit_id].append(bytes(event.evidence_digest))
             elif isinstance(event, Slashed):
