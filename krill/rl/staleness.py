@@ -6,6 +6,12 @@ Design decisions:
   it, it is weighted by a decreasing function of s, which multiplies the trust weight.
 - Three shapes: `none` (weight 1: the loss's truncated importance weights already correct
   off-policy drift), `inverse` 1 / (1 + s), and `exp` exp(-s / tau). Pure functions of s.
+- Every weight within [0, S_max] is positive: an `exp` shape whose tau is so small next to S_max that
+  exp(-S_max / tau) leaves the normal float64 range (S_max / tau > 700; tau = 0.001 with S_max = 2
+  gave 0.0 at s = 1) is refused. A zero weight was accepted by the coordinator (it is not a
+  rejection), then the fold refused a version of only such contributions (weights summing to 0) and
+  `krill audit` failed every version that folded one ("weight is not a finite positive number").
+  S_max itself is the way to stop counting old contributions.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from krill.errors import KrillError
 
@@ -30,6 +36,17 @@ class StalenessConfig(BaseModel):
     kind: Literal["none", "inverse", "exp"] = Field("inverse", description="Shape of the staleness weight.")
     max_staleness: int = Field(2, ge=0, le=1000, description="S_max: contributions with t - v > S_max are rejected.")
     tau: float = Field(2.0, gt=0.0, le=1e6, description="Decay constant of the `exp` shape.")
+
+    @model_validator(mode="after")
+    def _positive_weights(self):
+        if self.kind == "exp" and self.max_staleness / self.tau > _MAX_EXP_DECAY:
+            raise ValueError(f"tau {self.tau!r} is too small for S_max = {self.max_staleness}: exp(-S_max / tau) "
+                             f"would leave the normal float64 range (S_max / tau must be at most {_MAX_EXP_DECAY}); "
+                             "lower S_max to stop counting old contributions")
+        return self
+
+
+_MAX_EXP_DECAY = 700.0  # exp(-700) ~ 1e-304: trust x it stays a positive normal float64 for trust >= 3e-4
 
 
 def staleness_weight(staleness: int, config: StalenessConfig) -> float:

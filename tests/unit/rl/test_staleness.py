@@ -17,3 +17,17 @@ def test_hard_bound_and_future_rejected():
         staleness_weight(3, StalenessConfig(max_staleness=2))
     with pytest.raises(StalenessError, match="< 0"):
         staleness_weight(-1, StalenessConfig())
+
+
+def test_exp_weights_that_would_underflow_are_refused():
+    # tau = 0.001 gave weight 0.0 at s = 1: the coordinator accepted such contributions, the fold refused a
+    # version of only them and the audit failed every version that folded one.
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="too small for S_max = 2"):
+        StalenessConfig(kind="exp", tau=0.001, max_staleness=2)
+    with pytest.raises(ValidationError, match="S_max / tau must be at most 700"):
+        StalenessConfig(kind="exp", tau=1.0, max_staleness=1000)
+    config = StalenessConfig(kind="exp", tau=1.0, max_staleness=700)
+    assert all(staleness_weight(s, config) * 3e-4 >= 2.2250738585072014e-308 for s in range(701))
+    assert StalenessConfig(kind="inverse", tau=0.001, max_staleness=1000).kind == "inverse"  # tau unused there
