@@ -28,11 +28,16 @@ def started(size: str) -> dict:
     return {"size": size, "machine": machine_facts(), "loadavg_start": loadavg()}
 
 
-def machine_line(r: dict) -> str:
-    m, v = r["machine"], r["machine"]["versions"]
-    load = f"load average (1/5/15 min) {r['loadavg_start']} at the start, {r.get('loadavg_end')} at the end"
+def machine_summary(m: dict) -> str:
+    """`krill.bench_env.machine_facts` in one line: cores, memory, platform, versions, date."""
+    v = m["versions"]
     return (f"{m['usable_cpus']} usable CPUs of {m['cpu_count']}, {m['memory_gib']} GiB, {m['platform']}, "
-            f"Python {m['python']}, torch {v.get('torch')}, web3 {v.get('web3')}; {m['date_utc']}; {load}")
+            f"Python {m['python']}, torch {v.get('torch')}, web3 {v.get('web3')}; {m['date_utc']}")
+
+
+def machine_line(r: dict) -> str:
+    load = f"load average (1/5/15 min) {r['loadavg_start']} at the start, {r.get('loadavg_end')} at the end"
+    return f"{machine_summary(r['machine'])}; {load}"
 
 
 def stem_for(out_dir: Path, name: str, size: str) -> Path:

@@ -8,7 +8,8 @@ Design decisions:
   (the dearer verdict: it is remembered for the bounty), a slash that pays two verifiers
   (quorum 2), a publication, and a settlement of `--batch-size` accounts never credited before
   (cold storage, the worst case), reported per account and in total.
-- Gas does not depend on the machine, but the compiler settings do: they are printed too.
+- Gas does not depend on the machine, but the compiler settings do: they are printed too, and the
+  machine is stated anyway, as every benchmark does (`machine` in the JSON, a line under the table).
 """
 
 from __future__ import annotations
@@ -114,10 +115,14 @@ def gas(batch_size: int, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from krill.bench.report import machine_summary
+
     table = Table(title=f"krill bench gas (Anvil, solc {results['compiler']}, evm {results['evmVersion']})")
     table.add_column("call")
     table.add_column("gas used", justify="right")
     for key, label in LABELS.items():
         shown = f"{label} ({batch_size} accounts)" if key == "settleBatch" else label
         table.add_row(shown, f"{results[key]:,}")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"Machine: {machine_summary(results['machine'])}", markup=False, soft_wrap=True)

@@ -8,6 +8,8 @@ Design decisions:
   model on a 5% mask (fp16), whose byte size is reported too.
 - Inputs are seeded, the store lives in a temporary directory removed afterwards, and each timing
   is the median of a few repeats, so the numbers are comparable between runs on one machine.
+- Like every benchmark, it states the machine it ran on (`krill.bench_env.machine_facts`): under
+  `machine` in the JSON, and on a line under the table.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def run_bench(size_mb: int = 50, repeats: int = 3) -> dict:
     import numpy as np
     from nacl.signing import SigningKey
 
+    from krill.bench_env import machine_facts
     from krill.payload import ExpectedContext, GradientShard, PayloadLimits, RolloutBatch, build_contribution
     from krill.payload import validate_contribution as validate
     from krill.store.cid import file_cid
@@ -96,6 +99,7 @@ def run_bench(size_mb: int = 50, repeats: int = 3) -> dict:
         lambda: build_contribution(body, rollouts, gradients, key, limits), repeats)
     results["validate_contribution_ms"] = 1000 * _median_time(
         lambda: validate(header_bytes, files, limits, context, grad_lengths), max(repeats, 5))
+    results["machine"] = machine_facts()
     return results
 
 
@@ -127,11 +131,15 @@ def store(size_mb: int, repeats: int, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from krill.bench.report import machine_summary
+
     table = Table(title="krill bench store")
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_column("unit")
-    for name, value in results.items():
-        label, unit = LABELS[name]
+    for name, (label, unit) in LABELS.items():
+        value = results[name]
         table.add_row(label, f"{value:,.1f}" if isinstance(value, float) else f"{value:,}", unit)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"Machine: {machine_summary(results['machine'])}", markup=False, soft_wrap=True)
