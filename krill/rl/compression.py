@@ -23,7 +23,9 @@ Design decisions:
   uses a CPU `torch.Generator`, so every party derives the identical mask.
 - Values travel as fp16, bf16, or int8 in blocks with one float32 scale per block
   (scale = max|x| / 127, round to nearest): a handful of outliers only cost precision in their
-  own block.
+  own block. Decoding refuses what the encoder never writes: int8 -128 (times the largest
+  accepted scale it was -inf, which then failed the whole shard's aggregation), parts other than
+  the codec's, and keys not named `<tensor>/<part>` (a bare ValueError before).
 - A compressed shard is a safetensors blob (values, scales); `compression_ratio` is measured
   from bytes, dense float32 safetensors over compressed safetensors.
 """
@@ -206,7 +208,11 @@ def _decode_int8_many(parts: dict[str, dict[str, torch.Tensor]], counts: dict[st
         bad = next(name for name, s in zip(counts, scales, strict=True)
                    if not bool((torch.isfinite(s) & (s.abs() <= _MAX_INT8_SCALE)).all()))
         raise PayloadError("block scales contain NaN, infinity or values too large to decode", field=f"{bad}/s")
-    values = torch.cat(pieces).to(torch.float32).view(-1, block_size) * scale.unsqueeze(1)
+    q = torch.cat(pieces)
+    if bool((q == -128).any()):  # times the largest accepted scale, -128 is -inf
+        bad = next(name for name in counts if bool((parts[name]["q"] == -128).any()))
+        raise PayloadError("int8 value -128 (the codec is symmetric, [-127, 127])", field=f"{bad}/q")
+    values = q.to(torch.float32).view(-1, block_size) * scale.unsqueeze(1)
     return {name: v.reshape(-1)[:n] for (name, n), v in zip(counts.items(), torch.split(values, blocks), strict=True)}
 
 
@@ -217,6 +223,8 @@ def decode_values(parts: dict[str, torch.Tensor], n: int, config: CompressionCon
         want = torch.float16 if config.dtype == "fp16" else torch.bfloat16
         if v is None or v.dtype != want or v.numel() != n:
             raise PayloadError(f"expected {n} {config.dtype} values", field="v")
+        if set(parts) != {"v"}:
+            raise PayloadError(f"unexpected parts {sorted(set(parts) - {'v'})}", field="v")
         out = v.to(torch.float32)
     else:
         q, s = parts.get("q"), parts.get("s")
@@ -225,7 +233,12 @@ def decode_values(parts: dict[str, torch.Tensor], n: int, config: CompressionCon
             raise PayloadError(f"expected {n} int8 values", field="q")
         if s is None or s.dtype != torch.float32 or s.numel() != blocks:
             raise PayloadError(f"expected {blocks} float32 block scales", field="s")
-        # int8 values times finite scales below float32 max / 127 are finite: checking the scales suffices.
+        if set(parts) != {"q", "s"}:
+            raise PayloadError(f"unexpected parts {sorted(set(parts) - {'q', 's'})}", field="q")
+        if bool((q == -128).any()):
+            raise PayloadError("int8 value -128 (the codec is symmetric, [-127, 127])", field="q")
+        # Values in [-127, 127] times finite scales of at most float32 max / 127 are finite: checking the
+        # scales suffices (-128 x that scale overflowed to -inf, hence the symmetric range above).
         if not bool((torch.isfinite(s) & (s.abs() <= _MAX_INT8_SCALE)).all()):
             raise PayloadError("block scales contain NaN, infinity or values too large to decode", field="s")
         padded = torch.zeros(blocks * config.block_size, dtype=torch.float32)
@@ -288,6 +301,9 @@ def decompress_values(blob: bytes, masks: dict[str, torch.Tensor], config: Compr
         tensors = st_load(blob)
     except Exception as exc:  # safetensors raises several types on malformed input
         raise PayloadError(f"not a safetensors blob: {exc}", field="gradient") from exc
+    bad = next((key for key in tensors if "/" not in key), None)
+    if bad is not None:
+        raise PayloadError(f"tensor {bad[:64]!r} is not named <tensor>/<part>", field="gradient")
     names = {key.rsplit("/", 1)[0] for key in tensors}
     if names != set(masks):
         raise PayloadError(f"tensors {sorted(names ^ set(masks))[:3]} do not match the mask set", field="gradient")

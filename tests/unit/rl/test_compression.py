@@ -189,3 +189,28 @@ def test_flat_indices_are_torch_nonzero():
         assert got.dtype == torch.int64 and torch.equal(got, want)
     square = torch.rand(30, 40, generator=generator) < 0.5  # a 2-D mask is read flat
     assert torch.equal(flat_indices(square), torch.nonzero(square.reshape(-1)).flatten())
+
+
+def test_decoding_refuses_what_the_encoder_never_writes():
+    """int8 -128 times the largest accepted scale decoded to -inf (which then failed the shard's whole
+    aggregation); a key without `/` was a bare ValueError; an fp16 blob could carry extra parts."""
+    from safetensors.torch import save as st_save
+
+    from krill.rl.compression import _MAX_INT8_SCALE, decode_values
+
+    config = CompressionConfig(dtype="int8", block_size=8)
+    q, s = torch.tensor([-128, 0, 1, 2], dtype=torch.int8), torch.tensor([_MAX_INT8_SCALE], dtype=torch.float32)
+    with pytest.raises(PayloadError, match="-128") as err:
+        decompress_values(st_save({"a/q": torch.zeros(3, dtype=torch.int8), "a/s": torch.ones(1), "w/q": q,
+                                   "w/s": s}), {"a": torch.arange(3), "w": torch.arange(4)}, config)
+    assert err.value.field == "w/q"
+    with pytest.raises(PayloadError, match="-128"):
+        decode_values({"q": q, "s": s}, 4, config)
+    with pytest.raises(PayloadError, match="<tensor>/<part>"):
+        decompress_values(st_save({"w": torch.ones(4, dtype=torch.int8)}), {"w": torch.arange(4)}, config)
+    fp16 = CompressionConfig(dtype="fp16")
+    with pytest.raises(PayloadError, match="unexpected parts"):
+        decompress_values(st_save({"w/v": torch.ones(4, dtype=torch.float16), "w/x": torch.ones(9, dtype=torch.float16)}),
+                          {"w": torch.arange(4)}, fp16)
+    with pytest.raises(PayloadError, match="unexpected parts"):
+        decode_values({"q": q.clamp(min=-127), "s": s, "x": s}, 4, config)
