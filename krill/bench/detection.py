@@ -10,6 +10,10 @@ Design decisions:
   before folding (and why); versions from the attacker's first commit to its first slash (the
   latest published version at the slash block minus the version of its first commit), and
   whether it ended jailed. Strategies the contract refuses commit nothing: shown as such.
+- The median versions to slash is taken over the runs in which the attacker committed, a run that
+  ended without its slash counting as slower than any that had one (as `krill bench rl` counts a
+  run that never reached a target): "-" when half of them or more ended unslashed. Leaving those
+  runs out made one slash in two repeats read as the attack's typical delay.
 - P(caught within k) for a single verifier checking with probability p is 1 - (1 - p d)^k; the
   table gives it for p in {0.05, 0.1, 0.2}, k in {1, 2, 5, 10, 20}, from each measured d.
 - Sizes: `tiny` (CI smoke: two attacks, the tiny model, well under a minute of training; an
@@ -20,6 +24,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -77,6 +82,14 @@ def attacker_figures(db_url: str, run_id: str, address: str) -> dict:
             "versions_to_slash": versions_to_slash, "jailed": bool(participant.jailed) if participant else False}
 
 
+def median_versions_to_slash(items: list[dict]) -> float | None:
+    """The median versions to slash over the runs whose attacker committed (`attacker_figures` each); a run
+    without a slash counts as slower than any with one, so None when half of them or more had none."""
+    values = [math.inf if i["versions_to_slash"] is None else i["versions_to_slash"] for i in items if i["commits"]]
+    median = statistics.median(values) if values else math.inf
+    return None if math.isinf(median) else median
+
+
 def caught_within(p: float, d: float | None, k: int) -> float | None:
     """P(at least one of k cheated commits is checked and fails) for one verifier checking with p."""
     return None if d is None else 1.0 - (1.0 - p * d) ** k
@@ -103,7 +116,7 @@ def run_detection(size: str = "default", echo: Callable[[str], None] = print, wo
             "runs": len(items), "commits": sum(i["commits"] for i in items), "checked": checked, "failed": failed,
             "detection_rate": d, "folded": sum(i["folded"] for i in items),
             "rejected_by_coordinator": _merge([i["rejected_by_coordinator"] for i in items]),
-            "median_versions_to_slash": statistics.median(slashes) if slashes else None,
+            "median_versions_to_slash": median_versions_to_slash(items),
             "slashed_runs": len(slashes), "jailed_runs": sum(i["jailed"] for i in items),
             "caught_within": {str(p): {str(k): caught_within(p, d, k) for k in KS} for p in PROBABILITIES},
         }
@@ -161,7 +174,9 @@ def _fmt(x, digits: int = 2) -> str:
 def markdown(result: dict) -> str:
     """The detection table and the P(caught within k) table."""
     lines = [f"Detection through the protocol (check probability {result['check_probability']:g} per verifier, "
-             f"{result['verifiers']} verifiers, {result['minutes_per_batch']:g} min per batch):", "",
+             f"{result['verifiers']} verifiers, {result['minutes_per_batch']:g} min per batch; the median versions "
+             "to slash counts a run that ended without a slash as slowest, '-' when half of the runs or more did):",
+             "",
              "| strategy | commits | checked | failed | per-check detection | folded | rejected by coordinator | "
              "median versions to slash | jailed |", "|---|---|---|---|---|---|---|---|---|"]
     for name, a in sorted(result["attacks"].items()):
