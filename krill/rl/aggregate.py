@@ -16,12 +16,15 @@ Design decisions:
 - Deterministic: float64 throughout, orders with ties broken by submission index, fixed
   iteration counts, sums over submissions accumulated row by row in index order (no BLAS
   reduction whose order could differ between machines). The result is returned as float32.
+- Weights must be finite with a positive finite sum, and the aggregate must come out finite (weights
+  near float64's range made the weighted sums overflow: [1e308, 1e308] gave NaN), else `AggregationError`.
 - Statistics name what was thrown away: per submission the fraction of its coordinate weight
   trimmed, how many were norm-clipped.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Annotated, Literal
 
@@ -136,8 +139,8 @@ def _check(updates: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, 
         raise AggregationError("updates: contain NaN or infinity")
     x = updates.to(torch.float64)
     w = weights.to(torch.float64)
-    if not torch.isfinite(w).all() or (w < 0).any() or float(w.sum()) <= 0:
-        raise AggregationError("weights: must be finite, non-negative, with a positive sum")
+    if not torch.isfinite(w).all() or (w < 0).any() or not 0.0 < float(w.sum()) < math.inf:
+        raise AggregationError("weights: must be finite, non-negative, with a positive finite sum")
     return x, w
 
 
@@ -418,7 +421,10 @@ def aggregate(updates: torch.Tensor, weights: torch.Tensor, rule: BaseModel) -> 
         trimmed = 1.0 - kept.mean(dim=1) / w.clamp(min=1e-300)
     else:
         raise AggregationError(f"rule: unknown aggregation rule {type(rule).__name__}")
+    result = out.to(torch.float32)
+    if not _all_finite(result):  # finite updates times weights near float64's range can still overflow
+        raise AggregationError("weights: so large that the weighted sums overflow; scale them down")
     trimmed = torch.where(w > 0, trimmed, torch.ones_like(trimmed))
     stats = AggregationStats(rule=rule.type, n=n, trimmed_fractions=[round(float(t), 6) for t in trimmed],
                              clipped=clipped, norm=float(out.norm()))
-    return out.to(torch.float32), stats
+    return result, stats

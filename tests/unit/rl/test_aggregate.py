@@ -254,3 +254,13 @@ def test_a_rule_published_with_the_plain_median_still_folds_with_it():
     old, stats = aggregate(x, torch.ones(4), ClipMixTrimRule())  # the class default: the plain median
     assert stats.clipped == 2 and float(old.norm()) == 0.0
     assert clip_norms(x, 1.0, nonzero=False)[1] == 2
+
+
+
+@pytest.mark.parametrize("weights", [[1e308, 1e308], [1e300, 1e300]])
+@pytest.mark.parametrize("rule", [MeanRule(), TrimmedMeanRule(), ClipMixTrimRule()], ids=lambda r: r.type)
+def test_weights_whose_sums_overflow_are_refused_not_folded_into_nan(weights, rule):
+    # [1e308, 1e308] sums to inf and gave a NaN aggregate; [1e300, 1e300] times 3e38 overflowed the weighted sum.
+    updates = torch.tensor([[3e38, 1.0], [3e38, 2.0]])
+    with pytest.raises(AggregationError, match="weights"):
+        aggregate(updates, torch.tensor(weights, dtype=torch.float64), rule)
