@@ -4,7 +4,9 @@ Design decisions:
 - Measured on the protocol: a `krill demo` run (`krill.bench.demo_probe`) with honest workers and
   one verifier that checks every commit (check probability 1), so each commit's evidence
   document exists. The evidence holds the wall time of each replay stage (`ms`: signature,
-  payload, assignment, rewards, resample, gradient; `verifier/replay.py`), and the worker's
+  payload, assignment, rewards, resample, gradient; `verifier/replay.py`; a verdict that also
+  recomputed the shard a failing verdict named has two gradient checks, and the stage is their
+  sum), and the worker's
   outcome log holds what the same contribution cost to produce (sample + learn + package, with
   their phases); the two are joined by the header digest.
 - Cost ratio per stage = stage time / the worker's production time of that contribution; the
@@ -77,9 +79,12 @@ def pairs(evidence: list[dict], records: list[dict]) -> list[dict]:
         record = by_digest.get(e["digest"])
         if record is None or not e["ok"]:
             continue
-        ms = {c["name"]: c["ms"] for c in e["checks"]}
-        loads = {c["name"]: float(c["figures"]["model_load_ms"]) for c in e["checks"]
-                 if "model_load_ms" in (c.get("figures") or {})}
+        ms: dict[str, float] = {}  # a stage run more than once (two gradient shards) counts every run
+        loads: dict[str, float] = {}
+        for c in e["checks"]:
+            ms[c["name"]] = ms.get(c["name"], 0) + c["ms"]
+            if "model_load_ms" in (c.get("figures") or {}):
+                loads[c["name"]] = loads.get(c["name"], 0.0) + float(c["figures"]["model_load_ms"])
         out.append({"commit_id": e["commit_id"], "stages_ms": ms, "model_load_ms": loads,
                     "worker_ms": 1000 * production_seconds(record),
                     "worker_phases_ms": {k: 1000 * v for k, v in (record.get("phases") or {}).items()},

@@ -201,3 +201,18 @@ def test_a_pipelined_workers_packaging_is_overlapped_and_an_inline_workers_is_bu
               _record("a", 16.0, 1.1, rollout=0.8, gradient=0.2, compress=0.03, hash=0.01, sign=0.01)]
     rows = {row["part"]: row for row in worker_breakdown(inline)["parts"]}
     assert rows["compress"]["seconds"] == pytest.approx(0.03) and rows["hash_sign"]["seconds"] == pytest.approx(0.02)
+
+
+def test_verify_counts_every_gradient_check_of_a_verdict_that_ran_two():
+    # A passing verdict that also recomputed the shard a failing verdict named has two gradient checks:
+    # both are the verifier's cost (only the last one's ms, and the first one's model load against it, counted).
+    records = [_record("a", 1.0, 2.0, rollout=1.0, gradient=0.4)]
+    evidence = [{"commit_id": 1, "digest": records[0]["digest"], "ok": True,
+                 "checks": [{"name": "resample", "ms": 100, "figures": {}},
+                            {"name": "gradient", "ms": 90, "figures": {"model_load_ms": "10"}},
+                            {"name": "gradient", "ms": 40, "figures": {}}]}]
+    joined = pairs(evidence, records)
+    assert joined[0]["stages_ms"]["gradient"] == 130 and joined[0]["gradient_shards"] == 2
+    table = {row["stage"]: row for row in stage_table(joined)}
+    assert table["gradient"]["median_ms"] == 130 and table["gradient"]["median_ms_without_model_load"] == 120
+    assert table["replay checks"]["median_ms"] == 230
