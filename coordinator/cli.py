@@ -6,13 +6,25 @@ Design decisions:
   served shards and threads. Flags override the section where both exist (`--shards`).
 - Heavy libraries (torch, transformers, web3) are imported inside the commands.
 - Starting while chain or store are unreachable waits with exponential back-off, like the loop.
+- SIGTERM and SIGINT stop `run` gracefully (`graceful_signals`): the pass under way ends (a
+  version it journalled is published and settled; no new one is decided after the signal), the
+  loop returns, and the process says so in one line and exits 0. Python's default SIGTERM ended the
+  process wherever it was: `krill demo` (and any service manager) stops the coordinator that way
+  and never restarts it, so a version journalled but not yet published was lost to the demo. A
+  second signal interrupts at once (KeyboardInterrupt); the journal still makes a restart safe.
+- The handler only writes a byte to a pipe; a relay thread sets the loop's stop event. Setting a
+  `threading.Event` inside a signal handler takes its lock, and the handler runs on the main thread
+  between any two bytecodes, also while that thread holds the same lock in `Event.wait`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import time
+import os
+import signal
+import threading
+from collections.abc import Iterator
 
 import click
 
@@ -26,6 +38,39 @@ def _shards(text: str | None) -> list[int] | None:
         return sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise click.BadParameter(f"{text!r}: expected shard numbers separated by commas, e.g. 0,1") from None
+
+
+@contextlib.contextmanager
+def graceful_signals(stop: threading.Event,
+                     signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[list[str]]:
+    """Within the block, the first of `signums` sets `stop` (the names of the signals received are
+    appended to the yielded list) and a second raises KeyboardInterrupt; the previous handlers come
+    back on leaving. Main thread only (Python delivers signals there)."""
+    received: list[str] = []
+    read_fd, write_fd = os.pipe()
+
+    def relay() -> None:
+        if os.read(read_fd, 1):  # b"": the block ended without a signal
+            stop.set()
+
+    def handler(signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if received:
+            raise KeyboardInterrupt(name)
+        received.append(name)
+        os.write(write_fd, b"\0")
+
+    thread = threading.Thread(target=relay, name="coordinator-stop", daemon=True)
+    thread.start()
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield received
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_DFL if old is None else old)
+        os.close(write_fd)
+        thread.join(5.0)
+        os.close(read_fd)
 
 
 @click.group()
@@ -75,7 +120,9 @@ def run_cmd(shards_text: str | None) -> None:
     section = config.coordinator
     apply_cpu_settings(section)
     delay = section.poll_interval_s
+    stop = threading.Event()
     with contextlib.ExitStack() as stack:
+        received = stack.enter_context(graceful_signals(stop))
         while True:
             try:
                 ctx = open_run_context(config, stack, _shards(shards_text))
@@ -83,7 +130,9 @@ def run_cmd(shards_text: str | None) -> None:
             except FAULTS as exc:
                 delay = min(delay * 2, section.max_backoff_s)
                 click.echo(f"waiting {delay:.1f} s: {type(exc).__name__}: {exc}", err=True)
-                time.sleep(delay)
+                if stop.wait(delay):
+                    click.echo(f"stopped on {received[0]} before the run was opened")
+                    return
         depth = config.chain.confirmations_on(ctx.chain_id, ctx.spec.chain.challenge_window_blocks)
         indexer = Indexer(ctx.chain, ctx.db, ctx.store, start_block=config.chain.deploy_block,
                           confirmations=depth, latest_logs=True, content_in_sync=False)
@@ -93,6 +142,25 @@ def run_cmd(shards_text: str | None) -> None:
                    f"K={ctx.spec.version.contributions}, deadline {ctx.spec.version.deadline_s:g} s, "
                    f"shards {ctx.shards if ctx.shards is not None else 'all'}) as {ctx.chain.sender}")
         try:
-            Coordinator(ctx, indexer, options, echo=lambda line: click.echo(line)).run()
+            Coordinator(ctx, indexer, options, echo=lambda line: click.echo(line)).run(stop)
         except KeyboardInterrupt:
             click.echo("stopped")
+            return
+        if received:
+            click.echo(f"stopped on {received[0]}: {_in_flight(ctx)}")
+
+
+def _in_flight(ctx) -> str:
+    """What a graceful stop leaves: the versions journalled and not yet published (a restart
+    publishes them), or those published and not yet settled."""
+    from krill.coordinator.journal import DecisionState, unfinished
+
+    with ctx.db.session() as s:
+        rows = [(r.version, r.state) for r in unfinished(s, ctx.run_hex)]
+    pending = [v for v, state in rows if state in (DecisionState.DECIDED, DecisionState.STORED)]
+    if pending:
+        return (f"version(s) {', '.join(map(str, pending))} journalled, not published "
+                "(a channel fault cut the last pass); `krill coordinator run` publishes them")
+    unsettled = [v for v, _ in rows]
+    return "every journalled version is published" + (
+        f" (version(s) {', '.join(map(str, unsettled))} not settled yet; a restart settles them)" if unsettled else "")

@@ -22,6 +22,10 @@ Design decisions:
   `complete_version` reads the chain before every publication anyway, stopping with an error if
   another process published in between. Reading it every pass was about 5% of the coordinator's
   CPU on the demo (2026-12-06).
+- `run(stop)`: once `stop` is set (`krill coordinator run` sets it on SIGTERM or SIGINT), the pass
+  under way decides no new version, but publishes and settles one it has journalled, and the loop
+  ends after it. So a stop leaves no version journalled and unpublished unless a channel fault
+  cut that pass (then the restart publishes it, as after a crash).
 - Version 0 is evaluated at start; version t when t is a multiple of `eval_every` (and the last
   version when `max_versions` stops the loop), so the demo always has a final figure.
 """
@@ -71,6 +75,7 @@ class Coordinator:
         # The run's latest version as this process last read or published it: only this coordinator
         # publishes the run, so `done` need not read it again after every pass.
         self._latest: int | None = None
+        self._stop: threading.Event | None = None  # `run`'s: once set, no new version is decided
         ensure_tables(ctx.db)
 
     # ------------------------------------------------------------------ one pass
@@ -109,13 +114,15 @@ class Coordinator:
             with phase("index"):
                 self.indexer.sync()
         latest = self.latest_version()
-        if self.options.max_versions is not None and latest >= self.options.max_versions:
+        if self.options.max_versions is not None and latest >= self.options.max_versions or self._stopping():
             return out
         version = latest + 1
         with phase("ingest"):
             report = ingest(ctx, version)
         for code, n in sorted(report.reasons.items()):
             self.echo(f"rejected {n} contribution{'s' * (n != 1)}: {code}")
+        if self._stopping():
+            return out
         with phase("close"):
             decision = decide(ctx, version)
         if decision is not None:
@@ -127,6 +134,9 @@ class Coordinator:
             with phase("index_content"):  # headers and manifests for the index, off the critical path
                 self.indexer.fetch_due_content()
         return out
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
 
     def _prepare(self, latest: int) -> None:
         """While the pass waits for contributions: have the public gradient masks of the newest
@@ -217,7 +227,7 @@ class Coordinator:
         """Repeat `step` until `stop` is set or `max_versions` is done; back off on channel faults."""
         from krill.chain.heads import HeadWaiter
 
-        stop = stop or threading.Event()
+        stop = self._stop = stop or threading.Event()
         heads = HeadWaiter.for_chain(self.ctx.chain)
         try:
             self._loop(stop, heads)
