@@ -43,6 +43,17 @@ def test_commit_records_and_emits(staked):
     assert env.admin.commit_of(2).worker == "0x" + "0" * 40
 
 
+def test_the_largest_uint64_nonce_round_trips(staked):
+    """Nonces are uint64 end to end: the largest one commits, is found again by its key and decodes unchanged."""
+    env = staked
+    top = 2**64 - 1
+    event = env.at(2).commit(RUN_ID, 0, top, digest("top nonce")).event(Committed)
+    assert event.nonce == top
+    assert env.admin.commit_of(event.commit_id).nonce == top
+    assert env.admin.commit_id_of(RUN_ID, env.addr(2), 0, top) == event.commit_id
+    assert env.admin.commit_id_of(RUN_ID, env.addr(2), 0, top - 1) == 0
+
+
 def test_commit_rejects_future_and_stale_versions(staked):
     env = staked
     _publish(env, 3)

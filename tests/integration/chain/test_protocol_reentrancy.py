@@ -82,3 +82,27 @@ def test_reentrant_withdraw_is_rejected(attack):
     assert (info.staked, info.unbonding) == (100 * TOKEN, 0)
     assert chain.total_unbonding() == 0
     assert bytes(receiver_c.functions.lastRevertData().call()) == E.ReentrancyGuardReentrantCall.selector
+
+
+def test_a_payout_cannot_reenter_the_other_payout(attack):
+    """Cross-function: claim's payment re-entering withdraw, and withdraw's re-entering claim, are refused
+    by the one guard both share; each payout is paid once and the protocol still holds exactly its books."""
+    env, tx, chain, token_c, receiver_c = attack
+    receiver = receiver_c.address
+    chain.publish_version(RUN_ID, 1, digest("m1"), digest("r1"))
+    chain.settle(RUN_ID, 1, [receiver], [300 * TOKEN])
+    send(tx, token_c.functions.transfer(receiver, 200 * TOKEN), "fund attacker")
+    send(tx, receiver_c.functions.stakeAsWorker(200 * TOKEN, key_of(9)), "stake")
+    send(tx, receiver_c.functions.requestUnstake(100 * TOKEN), "unstake")
+    env.mine(6)
+    send(tx, receiver_c.functions.arm(REENTRY_WITHDRAW, True), "arm")
+    send(tx, receiver_c.functions.claim(), "claim, re-entering withdraw")
+    assert bytes(receiver_c.functions.lastRevertData().call()) == E.ReentrancyGuardReentrantCall.selector
+    assert token_c.functions.balanceOf(receiver).call() == 300 * TOKEN
+    assert chain.stake_of(receiver).unbonding == 100 * TOKEN
+    send(tx, receiver_c.functions.arm(REENTRY_CLAIM, True), "arm")
+    send(tx, receiver_c.functions.withdraw(), "withdraw, re-entering claim")
+    assert bytes(receiver_c.functions.lastRevertData().call()) == E.ReentrancyGuardReentrantCall.selector
+    assert token_c.functions.balanceOf(receiver).call() == 400 * TOKEN
+    held = token_c.functions.balanceOf(chain.address).call()
+    assert held == chain.total_staked() + chain.total_unbonding() + chain.total_reward_pools() + chain.total_claimable()
