@@ -26,6 +26,9 @@ Design decisions:
   under way decides no new version, but publishes and settles one it has journalled, and the loop
   ends after it. So a stop leaves no version journalled and unpublished unless a channel fault
   cut that pass (then the restart publishes it, as after a crash).
+- On its first pass the coordinator adopts the published versions its journal lacks within the
+  staleness window (`krill.coordinator.adopt`): a coordinator on a new database folded their
+  contributions a second time.
 - Version 0 is evaluated at start; version t when t is a multiple of `eval_every` (and the last
   version when `max_versions` stops the loop), so the demo always has a final figure.
 """
@@ -38,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from krill.coordinator.adopt import adopt_published
 from krill.coordinator.close import decide, published_at
 from krill.coordinator.evals import evaluate_version
 from krill.coordinator.faults import halt_point
@@ -76,6 +80,7 @@ class Coordinator:
         # publishes the run, so `done` need not read it again after every pass.
         self._latest: int | None = None
         self._stop: threading.Event | None = None  # `run`'s: once set, no new version is decided
+        self._adopted = False  # whether the published versions the journal lacks were adopted
         ensure_tables(ctx.db)
 
     # ------------------------------------------------------------------ one pass
@@ -116,6 +121,13 @@ class Coordinator:
         latest = self.latest_version()
         if self.options.max_versions is not None and latest >= self.options.max_versions or self._stopping():
             return out
+        if not self._adopted:
+            with phase("adopt"):
+                adopted = adopt_published(ctx, latest)
+            if adopted:
+                self.echo(f"version(s) {', '.join(map(str, adopted))} are published but not in the journal "
+                          "(a new database?): their records' contributions are marked as folded")
+            self._adopted = True
         version = latest + 1
         with phase("ingest"):
             report = ingest(ctx, version)
