@@ -9,6 +9,12 @@ Design decisions:
   never names content under a CID some other store would compute differently.
 - Everything fetched is checked before use: sha256 and CID of each shard file, and the
   tensors in it against the manifest's names, shapes and dtypes. The store is not trusted.
+  Reads are capped before they download: a manifest at `MAX_MANIFEST_BYTES`, a shard at the
+  size its manifest states (the store's own cap, 1 GiB by default, was the only bound, so a
+  manifest CID naming a large file was read whole before `Manifest.from_bytes` refused it).
+- Floating weights must be finite: a shard holding NaN or infinity is refused (`ModelError`)
+  when it is fetched. Such a version is no model anyone can sample from (its logits are NaN),
+  and before, every role built it and ran into the NaNs wherever they first surfaced.
 - The tokenizer and other small non-weight files (tokenizer.json, tokenizer_config.json,
   generation_config.json, ...) travel as one "file bundle": canonical JSON mapping file
   name to base64 content. Its CID is the manifest's `tokenizer`. `config.json` is not in
@@ -49,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from krill.errors import ModelError, PayloadError
-from krill.model.manifest import Manifest, ParameterEntry, ShardEntry, canonical_json
+from krill.model.manifest import MAX_MANIFEST_BYTES, Manifest, ParameterEntry, ShardEntry, canonical_json
 from krill.model.shards import (
     WEIGHT_INDEX,
     num_layers_of,
@@ -58,6 +64,7 @@ from krill.model.shards import (
     shard_from_bytes,
     shard_to_bytes,
 )
+from krill.store.unixfs import ObjectTooLargeError
 
 BUNDLE_FORMAT = "krill-files"
 MAX_BUNDLE_FILE_BYTES = 64 * 1024 * 1024
@@ -192,10 +199,13 @@ def publish_update(store, parent: Manifest, parent_cid: str, shard_tensors: dict
 
 
 def load_manifest(store, cid: str) -> Manifest:
-    """Fetch and validate the manifest stored under `cid`."""
+    """Fetch and validate the manifest stored under `cid` (at most `MAX_MANIFEST_BYTES` are read)."""
     from krill.store.cid import file_cid
 
-    data = store.get(cid)
+    try:
+        data = store.get(cid, max_bytes=MAX_MANIFEST_BYTES)
+    except ObjectTooLargeError:
+        raise ModelError(f"manifest: {cid} is larger than a manifest may be ({MAX_MANIFEST_BYTES} bytes)") from None
     if file_cid(data) != cid:
         raise ModelError(f"manifest: content fetched for {cid} does not hash to it")
     return Manifest.from_bytes(data)
@@ -203,8 +213,13 @@ def load_manifest(store, cid: str) -> Manifest:
 
 def fetch_shard(store, manifest: Manifest, index: int) -> dict:
     """The tensors of shard `index`, checked against the manifest (digest, names, shapes, dtypes)."""
+    import torch
+
     entry = manifest.shards[index]
-    data = store.get(entry.cid)
+    try:
+        data = store.get(entry.cid, max_bytes=entry.size)
+    except ObjectTooLargeError:
+        raise ModelError(f"shard {index}: {entry.cid} holds more than the manifest's size of {entry.size} bytes") from None
     if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
         raise ModelError(f"shard {index}: content of {entry.cid} does not match the manifest's sha256/size")
     tensors = shard_from_bytes(data)
@@ -212,6 +227,9 @@ def fetch_shard(store, manifest: Manifest, index: int) -> dict:
     want = sorted((p.name, p.shape, p.dtype) for p in entry.parameters)
     if got != want:
         raise ModelError(f"shard {index}: tensors differ from the manifest's names, shapes or dtypes")
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelError(f"shard {index}: tensor {name!r} holds NaN or infinite weights")
     return {p.name: tensors[p.name] for p in entry.parameters}
 
 

@@ -144,3 +144,57 @@ def test_a_bf16_base_model_is_published_in_float32(tiny_dir, store, tmp_path):
     narrow = load_file(str(weights))
     fetched = fetch_tensors(store, manifest)
     assert all(torch.equal(fetched[n], narrow[n].to(torch.float32)) for n in narrow)  # widened exactly
+
+
+class _CountingStore:
+    """A store that records the byte cap of every read (what a hostile CID could make a role download)."""
+
+    def __init__(self, store):
+        self.store, self.caps = store, []
+
+    def get(self, cid, max_bytes=None, sha256=None):
+        self.caps.append(max_bytes)
+        return self.store.get(cid, max_bytes=max_bytes, sha256=sha256)
+
+
+def test_manifest_and_shard_reads_are_capped_before_download(tiny_dir, store):
+    """A manifest is read up to MAX_MANIFEST_BYTES and a shard up to its manifest's size; the store's 1 GiB
+    default was the only bound, so a manifest CID naming a large file was downloaded whole first."""
+    from krill.model.manifest import MAX_MANIFEST_BYTES
+    from krill.store.local import LocalStore
+
+    manifest, cid = publish_model_dir(store, tiny_dir, 2)
+    counting = _CountingStore(store)
+    load_manifest(counting, cid)
+    fetch_shard(counting, manifest, 1)
+    assert counting.caps == [MAX_MANIFEST_BYTES, manifest.shards[1].size]
+
+    small = LocalStore(store.root, max_get_bytes=1 << 40)
+    big = small.add(b"{" * (MAX_MANIFEST_BYTES + 1))
+    with pytest.raises(ModelError, match="larger than a manifest"):
+        load_manifest(small, big)
+    longer = manifest.shards[1].model_copy(update={"cid": big})
+    with pytest.raises(ModelError, match="more than the manifest's size"):
+        fetch_shard(small, manifest.model_copy(update={"shards": [manifest.shards[0], longer]}), 1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_fetch_refuses_non_finite_weights(tiny_dir, store, bad):
+    """A published shard with NaN or infinite weights is refused on fetch (ModelError, a broken version), not
+    built into a model whose every logit is NaN."""
+    import hashlib
+
+    from krill.model.publish import _add
+
+    manifest, _ = publish_model_dir(store, tiny_dir, 2)
+    tensors = fetch_shard(store, manifest, 0)
+    name = next(iter(tensors))
+    poisoned = dict(tensors)
+    poisoned[name] = tensors[name].clone()
+    poisoned[name].view(-1)[3] = bad
+    data = shard_to_bytes(poisoned)
+    entry = manifest.shards[0].model_copy(update={"cid": _add(store, data), "size": len(data),
+                                                  "sha256": hashlib.sha256(data).hexdigest()})
+    forged = manifest.model_copy(update={"shards": [entry, manifest.shards[1]]})
+    with pytest.raises(ModelError, match=f"shard 0: tensor '{name}' holds NaN or infinite"):
+        fetch_shard(store, forged, 0)
