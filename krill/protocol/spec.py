@@ -14,7 +14,10 @@ Design decisions:
 - The aggregation rule's default is `default_rule` (clip-mix-trim clipping to the median of the
   non-zero norms); a clip-mix-trim table that does not name `clip_basis` takes it too, but a
   published spec is read as written: one from before the option names none and meant the plain
-  median, which the class default and the encoding keep.
+  median, which the class default and the encoding keep. The same holds for the rule's
+  `reductions` (any rule type): a new run's is `fixed-tree` (the fold's sums over coordinates give
+  the same bits on every CPU, so anyone's `krill audit` recomputes a version exactly); a published
+  spec that names none meant torch's kernels, which the class default and the encoding keep.
 - Two parts have run defaults that differ from their config class's own
   (`krill.rl.run_defaults`: `compression` 25% int8, `optimizer` lr 1.5e-4). A partial table for
   one of them is read over the run default, field by field, so a spec file that names only
@@ -148,9 +151,10 @@ class RunSpec(_Part):
     @classmethod
     def _partial_tables_over_run_defaults(cls, data, info: ValidationInfo):
         """A `compression` or `optimizer` table that names some fields keeps the run default's others; a
-        clip-mix-trim `rule` table without `clip_basis`, and a `version` table without `max_per_worker`,
-        take the run default's, except in a published spec (`decode`), where their absence means what
-        it meant when it was published (the plain median; no cap)."""
+        clip-mix-trim `rule` table without `clip_basis`, a `rule` table without `reductions`, and a
+        `version` table without `max_per_worker`, take the run default's, except in a published spec
+        (`decode`), where their absence means what it meant when it was published (the plain median;
+        torch's reductions; no cap)."""
         if isinstance(data, dict):
             for key in RUN_DEFAULTS:
                 if isinstance(data.get(key), dict):

@@ -21,6 +21,10 @@ Design decisions:
   depend on the thread count; a coordinator on 1 thread and an auditor on 2 then disagreed on
   recorded statistics (seen in a demo's audit). One thread makes the result a function of the
   inputs alone on a given machine and build.
+- Across machines: a new run's rule names `reductions = "fixed-tree"`, and then the aggregation's
+  norms and distances, the optimizer's gradient norm and the update norm are summed by
+  `krill.rl.fixed_sum`'s tree, whose bits do not depend on the CPU's vector width (torch's kernels'
+  do: an auditor on another CPU failed honest versions). A run published before it keeps torch's.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch
 from krill.errors import ModelError
 from krill.phases import phase
 from krill.protocol.spec import RunSpec
+from krill.rl import fixed_sum
 from krill.rl.aggregate import aggregate
 from krill.rl.optimizer import ShardAdamW
 
@@ -100,12 +105,15 @@ def fold_shard(spec: RunSpec, shard: int, names: list[str], parent_tensors: dict
             dense.index_copy_(0, unions[n], part)
             grads[n] = dense.view(tensors[n].shape)
     with phase("optimizer"):
-        optimizer = ShardAdamW(tensors, spec.optimizer)
+        optimizer = ShardAdamW(tensors, spec.optimizer, spec.rule.reductions)
         if parent_state is not None:
             optimizer.load_state_bytes(parent_state)
         before = {n: t.clone() for n, t in tensors.items()}
         grad_norm = optimizer.step(grads)
-        update = math.sqrt(sum(float((tensors[n] - before[n]).double().pow(2).sum()) for n in names))
+        if spec.rule.reductions == "fixed-tree":
+            update = fixed_sum.norm_of(tensors[n] - before[n] for n in names)
+        else:
+            update = math.sqrt(sum(float((tensors[n] - before[n]).double().pow(2).sum()) for n in names))
         out = {n: tensors[n].to(parent_tensors[n].dtype) for n in names}
         state_bytes = optimizer.state_bytes()
     return ShardResult(shard, len(subs), out, state_bytes, list(stats.trimmed_fractions),

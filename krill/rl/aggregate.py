@@ -16,6 +16,12 @@ Design decisions:
 - Deterministic: float64 throughout, orders with ties broken by submission index, fixed
   iteration counts, sums over submissions accumulated row by row in index order (no BLAS
   reduction whose order could differ between machines). The result is returned as float32.
+- Reductions over coordinates (norms, distances) and the sum of the weights follow the rule's
+  `reductions`: a new run's `fixed-tree` (`krill.rl.fixed_sum`: a fixed tree of elementwise
+  operations, the same bits on every CPU) or `torch`'s kernels, whose order depends on the CPU's
+  vector width (runs published before the option, left out of the encoding, so they recompute as
+  they were folded, on a CPU like theirs). The fold (`krill.protocol.step`) reads the same field for
+  the optimizer's gradient norm and the update norm.
 - Weights must be finite with a positive finite sum, and the aggregate must come out finite (weights
   near float64's range made the weighted sums overflow: [1e308, 1e308] gave NaN), else `AggregationError`.
 - Statistics name what was thrown away: per submission the fraction of its coordinate weight
@@ -26,12 +32,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from krill.errors import KrillError
+from krill.rl import fixed_sum
+from krill.rl.fixed_sum import Reductions
 
 
 class AggregationError(KrillError, ValueError):
@@ -40,6 +48,33 @@ class AggregationError(KrillError, ValueError):
 
 class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reductions: Reductions = Field(
+        "torch", description="How the fold sums over coordinates (norms, distances, the weights' sum, the optimizer's "
+                             "gradient norm, the update norm): `fixed-tree` (`krill.rl.fixed_sum`, the same bits on "
+                             "every CPU; every new run's: `default_rule`, `rule_over_run_default`) or `torch`'s kernels, "
+                             "whose order depends on the CPU (the class default, left out of the encoding so specs "
+                             "published before the option keep their bytes and their meaning).")
+
+    # Fields left out of the encoding at these values: what specs published before each option meant.
+    _OMITTED_AT: ClassVar[dict[str, object]] = {"reductions": "torch"}
+
+    @model_serializer(mode="wrap")
+    def _omit_earlier_meanings(self, handler):
+        """Options added after runs were published are left out of the encoding at the value those runs
+        meant, so their specs and records keep their bytes, their run id and their meaning."""
+        data = handler(self)
+        for name, before in self._OMITTED_AT.items():
+            if getattr(self, name) == before:
+                data.pop(name, None)
+        if "reductions" in data:  # after the rule's own fields, where a reader looks last
+            data["reductions"] = data.pop("reductions")
+        return data
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the fold reduces by `krill.rl.fixed_sum`'s tree."""
+        return self.reductions == "fixed-tree"
 
 
 class MeanRule(_Rule):
@@ -82,28 +117,28 @@ class ClipMixTrimRule(_Rule):
                               "default, left out of the encoding so earlier specs keep their bytes) or of the "
                               "non-zero ones (every new run's: `default_rule`).")
 
-    @model_serializer(mode="wrap")
-    def _omit_plain_median(self, handler):
-        """The plain median (the only basis before the option existed) is left out of the encoding, so run
-        specs and records published before it keep their bytes, their run id and their meaning."""
-        data = handler(self)
-        if self.clip_basis == "median":
-            data.pop("clip_basis", None)
-        return data
+    # The plain median (the only basis before the option existed) is left out too.
+    _OMITTED_AT: ClassVar[dict[str, object]] = {"reductions": "torch", "clip_basis": "median"}
 
 
 def default_rule() -> ClipMixTrimRule:
     """A new run's rule: clip-mix-trim clipping to the median of the non-zero norms (with all norms, half
-    the submissions being zero, as groups that all scored alike give, set the limit to 0)."""
-    return ClipMixTrimRule(clip_basis="nonzero-median")
+    the submissions being zero, as groups that all scored alike give, set the limit to 0), reducing by
+    the fixed tree (the same bits on every CPU)."""
+    return ClipMixTrimRule(clip_basis="nonzero-median", reductions="fixed-tree")
 
 
 def rule_over_run_default(table):
-    """A rule table as a new run reads it: a clip-mix-trim table that does not name `clip_basis` gets the
-    run default's (`default_rule`), as partial compression and optimizer tables do
-    (`krill.rl.run_defaults`). Published specs are decoded without this (they name what they used)."""
-    if isinstance(table, dict) and table.get("type", "clip-mix-trim") == "clip-mix-trim" and "clip_basis" not in table:
-        return {"type": "clip-mix-trim", **table, "clip_basis": default_rule().clip_basis}
+    """A rule table as a new run reads it: a clip-mix-trim table that does not name `clip_basis`, and any
+    table that does not name `reductions`, get the run default's (`default_rule`), as partial compression
+    and optimizer tables do (`krill.rl.run_defaults`). Published specs are decoded without this (they
+    name what they used)."""
+    if not isinstance(table, dict):
+        return table
+    if table.get("type", "clip-mix-trim") == "clip-mix-trim" and "clip_basis" not in table:
+        table = {"type": "clip-mix-trim", **table, "clip_basis": default_rule().clip_basis}
+    if "reductions" not in table:
+        table = {**table, "reductions": default_rule().reductions}
     return table
 
 
@@ -144,7 +179,8 @@ def _check(updates: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, 
     return x, w
 
 
-def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float,
+                          total: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Coordinate-wise trimmed mean of x [n, d] (float64); returns (mean [d], kept weight [n, d]).
 
     Per coordinate the submissions are ordered by value (ties by index); each keeps the part of
@@ -155,12 +191,13 @@ def weighted_trimmed_mean(x: torch.Tensor, w: torch.Tensor, trim: float) -> tupl
     others sort below (one byte per coordinate) and the kept weight is looked up per subset
     (`_subset_kept`); up to 16 with at most three distinct weights (equal trust, a few staleness
     levels), they count the submissions below per weight value and look up per count
-    (`_counted_kept`). Both tables are computed in Python floats.
+    (`_counted_kept`). Both tables are computed in Python floats. `total`: the weights' sum
+    (default: torch's).
     """
     n = x.shape[0]
     wl = [float(v) for v in w]
     values = sorted(set(wl))
-    total = float(w.sum())
+    total = float(w.sum()) if total is None else total
     cut = trim * total
     if n <= _SUBSET_MAX:
         kept = _subset_kept(x, wl, cut, total - cut)
@@ -308,11 +345,12 @@ _PAIRWISE_MAX = 16
 _COUNTED_MAX_VALUES = 3  # 16 submissions in 3 classes give at most 252 keys: one byte
 
 
-def weighted_median(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Coordinate-wise weighted median (lower median on exact half splits) of x [n, d]."""
+def weighted_median(x: torch.Tensor, w: torch.Tensor, total: float | None = None) -> torch.Tensor:
+    """Coordinate-wise weighted median (lower median on exact half splits) of x [n, d]; `total`: the
+    weights' sum (default: torch's). The running sums are one addition after another (`cumsum`)."""
     xt, order = _by_coordinate(x)
     cum = torch.cumsum(w[order], dim=1)
-    first = (cum >= 0.5 * w.sum()).to(torch.int64).argmax(dim=1, keepdim=True)
+    first = (cum >= 0.5 * (w.sum() if total is None else total)).to(torch.int64).argmax(dim=1, keepdim=True)
     return xt.gather(1, order.gather(1, first)).squeeze(1)
 
 
@@ -324,15 +362,22 @@ def _ordered_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def clip_norms(x: torch.Tensor, multiplier: float, nonzero: bool = True) -> tuple[torch.Tensor, int]:
+def _norms(x: torch.Tensor, fixed: bool) -> torch.Tensor:
+    """The rows' Euclidean norms [n]: by the fixed tree (`fixed`) or torch's kernel."""
+    return fixed_sum.row_norms(x) if fixed else x.norm(dim=1)
+
+
+def clip_norms(x: torch.Tensor, multiplier: float, nonzero: bool = True,
+               fixed: bool = False) -> tuple[torch.Tensor, int]:
     """Scale every row whose norm exceeds `multiplier` x the lower median of the non-zero norms
-    (`nonzero`, a new run's basis) or of all norms (runs published before the option).
+    (`nonzero`, a new run's basis) or of all norms (runs published before the option). `fixed`: the
+    norms by `krill.rl.fixed_sum` (a new run's), else by torch's kernel.
 
     Zero rows (a group whose samples all scored alike has no gradient) carry no direction and
     are left out of the median: with them in, half the submissions being zero set the limit to
     0 and scaled every other update away, so the version learned nothing from its signal.
     """
-    norms = x.norm(dim=1)
+    norms = _norms(x, fixed)
     basis = torch.sort(norms[norms > 0] if nonzero else norms).values
     if len(basis) == 0:
         return x.clone(), 0
@@ -357,12 +402,14 @@ def _distances(x: torch.Tensor) -> torch.Tensor:
     return dist
 
 
-def nearest_neighbour_mixing(x: torch.Tensor, f: int) -> torch.Tensor:
-    """Replace each row by the mean of its n - f nearest rows (itself included)."""
+def nearest_neighbour_mixing(x: torch.Tensor, f: int, fixed: bool = False) -> torch.Tensor:
+    """Replace each row by the mean of its n - f nearest rows (itself included); `fixed`: distances by
+    `krill.rl.fixed_sum` (a new run's), else by `torch.cdist`."""
     n = x.shape[0]
     if f == 0 or n <= 1:
         return x
-    nearest = [tuple(sorted(row)) for row in torch.sort(_distances(x), dim=1, stable=True).indices[:, :n - f].tolist()]
+    dist = fixed_sum.pairwise_distances(x) if fixed else _distances(x)
+    nearest = [tuple(sorted(row)) for row in torch.sort(dist, dim=1, stable=True).indices[:, :n - f].tolist()]
     # Each sum runs over its rows in index order, as `_ordered_sum`, in place in its output row;
     # rows with the same neighbours share one sum (a copy), which is most rows when f is small.
     # The sums go one block of columns at a time, so a row's block stays in cache while its
@@ -386,39 +433,45 @@ def nearest_neighbour_mixing(x: torch.Tensor, f: int) -> torch.Tensor:
 _MIX_BLOCK = 32768  # columns per block of the mixing sums: 256 KB of float64 (1.3-1.8x faster than whole rows)
 
 
-def centered_clipping(x: torch.Tensor, w: torch.Tensor, tau: float | None, iterations: int) -> torch.Tensor:
-    v = weighted_median(x, w)
+def centered_clipping(x: torch.Tensor, w: torch.Tensor, tau: float | None, iterations: int,
+                      fixed: bool = False) -> torch.Tensor:
+    total = fixed_sum.tree_sum(w) if fixed else w.sum()
+    v = weighted_median(x, w, total)
     if tau is None:
-        tau = float(torch.sort((x - v).norm(dim=1)).values[(x.shape[0] - 1) // 2])
+        tau = float(torch.sort(_norms(x - v, fixed)).values[(x.shape[0] - 1) // 2])
     for _ in range(iterations):
         diff = x - v
-        norms = diff.norm(dim=1)
+        norms = _norms(diff, fixed)
         scale = torch.clamp(tau / norms.clamp(min=1e-300), max=1.0) if tau > 0 else torch.zeros_like(norms)
-        v = v + _ordered_sum(diff, w * scale) / w.sum()
+        v = v + _ordered_sum(diff, w * scale) / total
     return v
 
 
 def aggregate(updates: torch.Tensor, weights: torch.Tensor, rule: BaseModel) -> tuple[torch.Tensor, AggregationStats]:
     """Aggregate updates [n, d] with weights [n] by `rule`: (aggregate [d] float32, statistics)."""
+    if not isinstance(rule, _Rule):
+        raise AggregationError(f"rule: unknown aggregation rule {type(rule).__name__}")
     x, w = _check(updates, weights)
     n = x.shape[0]
+    fixed = rule.fixed
+    total = fixed_sum.tree_sum(w) if fixed else None  # None: torch's w.sum(), where each function takes it
     clipped = 0
     trimmed = torch.zeros(n, dtype=torch.float64)
     if isinstance(rule, MeanRule):
-        out = _ordered_sum(x, w) / w.sum()
+        out = _ordered_sum(x, w) / (w.sum() if total is None else total)
     elif isinstance(rule, MedianRule):
-        out = weighted_median(x, w)
+        out = weighted_median(x, w, total)
     elif isinstance(rule, TrimmedMeanRule):
-        out, kept = weighted_trimmed_mean(x, w, rule.trim_fraction)
-        trimmed = 1.0 - kept.mean(dim=1) / w.clamp(min=1e-300)
+        out, kept = weighted_trimmed_mean(x, w, rule.trim_fraction, total)
+        trimmed = 1.0 - _row_means(kept, fixed) / w.clamp(min=1e-300)
     elif isinstance(rule, CenteredClipRule):
-        out = centered_clipping(x, w, rule.tau, rule.iterations)
+        out = centered_clipping(x, w, rule.tau, rule.iterations, fixed)
     elif isinstance(rule, ClipMixTrimRule):
         f = int(rule.trim_fraction * n)
-        xc, clipped = clip_norms(x, rule.clip_multiplier, nonzero=rule.clip_basis == "nonzero-median")
-        mixed = nearest_neighbour_mixing(xc, f)
-        out, kept = weighted_trimmed_mean(mixed, w, f / n)
-        trimmed = 1.0 - kept.mean(dim=1) / w.clamp(min=1e-300)
+        xc, clipped = clip_norms(x, rule.clip_multiplier, nonzero=rule.clip_basis == "nonzero-median", fixed=fixed)
+        mixed = nearest_neighbour_mixing(xc, f, fixed)
+        out, kept = weighted_trimmed_mean(mixed, w, f / n, total)
+        trimmed = 1.0 - _row_means(kept, fixed) / w.clamp(min=1e-300)
     else:
         raise AggregationError(f"rule: unknown aggregation rule {type(rule).__name__}")
     result = out.to(torch.float32)
@@ -426,5 +479,10 @@ def aggregate(updates: torch.Tensor, weights: torch.Tensor, rule: BaseModel) -> 
         raise AggregationError("weights: so large that the weighted sums overflow; scale them down")
     trimmed = torch.where(w > 0, trimmed, torch.ones_like(trimmed))
     stats = AggregationStats(rule=rule.type, n=n, trimmed_fractions=[round(float(t), 6) for t in trimmed],
-                             clipped=clipped, norm=float(out.norm()))
+                             clipped=clipped, norm=fixed_sum.norm_of([out]) if fixed else float(out.norm()))
     return result, stats
+
+
+def _row_means(kept: torch.Tensor, fixed: bool) -> torch.Tensor:
+    """Each row's mean of kept [n, d]: the tree sum over d (`fixed`), or torch's mean."""
+    return fixed_sum.row_sums(kept) / kept.shape[1] if fixed else kept.mean(dim=1)

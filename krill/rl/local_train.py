@@ -126,7 +126,7 @@ class LocalTrainer:
         self.shards = {i: list(s) for i, s in enumerate(plan) if s}
         params = dict(self.model.named_parameters())
         self.shapes = {n: params[n].shape for n in names}
-        self.optimizers = {i: ShardAdamW({n: params[n].data for n in s}, config.optimizer)
+        self.optimizers = {i: ShardAdamW({n: params[n].data for n in s}, config.optimizer, config.rule.reductions)
                            for i, s in self.shards.items()}
         self.version = 0
         self.snapshots = {0: self._snapshot()}

@@ -12,6 +12,10 @@ Design decisions:
   kernel does not, so the weights, the state and `update_norm` differed in the last bits between
   the coordinator's machine and an auditor's (`krill audit` then failed honest versions). The state
   format is `krill-adamw/2` since then; a `/1` state (the fused arithmetic) is refused by name.
+- The gradient norm (it sets the clip scale, so the weights' bits) is summed by `reductions`: the
+  fixed tree of `krill.rl.fixed_sum` (each tensor by the tree, the tensors in sorted order; the same
+  bits on every CPU) or torch's `sum` (runs published before the option; its order depends on the
+  CPU's vector width). The fold passes the run's rule's field; it is not part of the state.
 - `state_bytes()` / `load_state_bytes()` serialise moments and the step counter with
   safetensors (the config is in the metadata and checked on load), so a coordinator restart or
   an auditor resumes exactly.
@@ -28,6 +32,8 @@ from safetensors.torch import save as st_save
 
 from krill.errors import KrillError, PayloadError
 from krill.payload.canonical import loads_bounded
+from krill.rl import fixed_sum
+from krill.rl.fixed_sum import Reductions
 
 STATE_FORMAT = "krill-adamw/2"
 
@@ -52,9 +58,10 @@ class AdamWConfig(BaseModel):
 class ShardAdamW:
     """AdamW over named float tensors, updated in place."""
 
-    def __init__(self, params: dict[str, torch.Tensor], config: AdamWConfig):
+    def __init__(self, params: dict[str, torch.Tensor], config: AdamWConfig, reductions: Reductions = "torch"):
         self.params = params
         self.config = config
+        self.reductions = reductions
         self.step_count = 0
         self.exp_avg = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
@@ -68,10 +75,13 @@ class ShardAdamW:
         for n in names:
             if grads[n].shape != self.params[n].shape:
                 raise OptimizerError(f"{n}: gradient shape {tuple(grads[n].shape)} != {tuple(self.params[n].shape)}")
-        sq = torch.zeros((), dtype=torch.float64)
-        for n in names:
-            sq = sq + grads[n].to(torch.float64).pow(2).sum()
-        norm = float(sq.sqrt())
+        if self.reductions == "fixed-tree":
+            norm = fixed_sum.norm_of(grads[n] for n in names)
+        else:
+            sq = torch.zeros((), dtype=torch.float64)
+            for n in names:
+                sq = sq + grads[n].to(torch.float64).pow(2).sum()
+            norm = float(sq.sqrt())
         c = self.config
         scale = 1.0
         if c.max_grad_norm is not None and norm > c.max_grad_norm:
