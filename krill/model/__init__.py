@@ -6,6 +6,7 @@ Module map (each module's docstring states its design and public API):
     base        the default base model: seeded init + supervised warm start, cached by recipe
     shards      contiguous layer-block sharding plan; shard tensors <-> safetensors bytes
     manifest    the typed, canonical-JSON version manifest
+    architecture  a manifest's config checked against its tensors (on `meta`) before a model is built
     publish     model versions in a content store: publish, fetch (verified), assemble
     generate    batched KV-cache generation, greedy or seeded sampling
     evaluate    greedy accuracy / pass@k / mean length on a task's eval split
