@@ -10,6 +10,12 @@ Design decisions:
 - Encoding a text adds `<bos>` in front (a template post-processor); `<eos>` is never added by the
   tokenizer: the model learns to emit it after an answer, and `decode_completion` cuts there.
 - Characters outside the alphabet map to `<unk>`, which no task ever produces.
+- A run's tokenizer arrives as files from its manifest's bundle (untrusted: the publisher is only
+  partly trusted). `tokenizer_from_files` loads them as a fast tokenizer and turns whatever the
+  tokenizers / transformers libraries raise on bad files (a `JSONDecodeError` for a tokenizer.json
+  that is not JSON, a `ValueError` for a bundle without one) into a `ModelError`, and refuses a
+  tokenizer without eos and pad tokens inside its vocabulary, which every role samples and pads
+  with (a tokenizer_config.json without `eos_token` loaded with eos None).
 - `decode_completion` is the one decode that rewards and evaluation score (workers, verifiers, the
   coordinator, `krill eval`, the TRL bench). It checks token ids, not text: a completion has an
   answer only if it emits eos with no other special token before it. Decoding with special tokens
@@ -20,14 +26,17 @@ Public API:
     ALPHABET                                   the ordinary characters, in id order
     build_char_tokenizer() -> PreTrainedTokenizerFast
     save_char_tokenizer(directory) -> None
+    tokenizer_from_files(files: {name: bytes}) -> PreTrainedTokenizerFast     ModelError if unusable
     decode_completion(tokenizer, ids) -> str   the answer before eos, "" if it has none to score
     decode_completions(tokenizer, completions) -> list[str]
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from krill.errors import ModelError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -58,6 +67,31 @@ def build_char_tokenizer():
 def save_char_tokenizer(directory: str | Path) -> None:
     """Write the default tokenizer into `directory` (created if missing)."""
     build_char_tokenizer().save_pretrained(str(directory))
+
+
+def tokenizer_from_files(files: Mapping[str, bytes]):
+    """A fast tokenizer from the files of a bundle (tokenizer.json and its config files), checked to have
+    eos and pad tokens in its vocabulary; `ModelError` naming the fault otherwise."""
+    import tempfile
+
+    from transformers import PreTrainedTokenizerFast
+
+    if "tokenizer.json" not in files:
+        raise ModelError("tokenizer: the bundle has no tokenizer.json")
+    with tempfile.TemporaryDirectory(prefix="krill-tok-") as tmp:
+        for name, data in files.items():
+            (Path(tmp) / Path(name).name).write_bytes(data)
+        try:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(tmp, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - the libraries raise many types for files they cannot read
+            raise ModelError(f"tokenizer: the bundle's files do not load ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    size = len(tokenizer)
+    for role in ("eos", "pad"):
+        token_id = getattr(tokenizer, f"{role}_token_id")
+        if not isinstance(token_id, int) or not 0 <= token_id < size:
+            raise ModelError(f"tokenizer: no {role} token in its vocabulary of {size} (id {token_id})")
+    return tokenizer
 
 
 def decode_completion(tokenizer, ids: Sequence[int]) -> str:

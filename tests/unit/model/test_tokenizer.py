@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -77,3 +79,36 @@ def test_any_token_the_tokenizer_marks_special_leaves_no_answer():
     eos = tok.eos_token_id
     assert decode_completion(tok, body[:1] + tok.convert_tokens_to_ids(["<tool>"]) + body[1:] + [eos]) == ""
     assert decode_completion(tok, body[:1] + tok.convert_tokens_to_ids(["<plain>"]) + body[1:] + [eos]) == "1<plain>23"
+
+
+def _bundle_files(tmp_path):
+    from krill.model.tokenizer import save_char_tokenizer
+
+    save_char_tokenizer(tmp_path / "tok")
+    return {p.name: p.read_bytes() for p in (tmp_path / "tok").iterdir()}
+
+
+def test_tokenizer_from_honest_files(tmp_path):
+    from krill.model.tokenizer import build_char_tokenizer, tokenizer_from_files
+
+    tok = tokenizer_from_files(_bundle_files(tmp_path))
+    ref = build_char_tokenizer()
+    assert tok("12+3=")["input_ids"] == ref("12+3=")["input_ids"] and tok.eos_token_id == ref.eos_token_id
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda f: f | {"tokenizer.json": b"not json"}, "do not load \\(JSONDecodeError"),
+    (lambda f: {k: v for k, v in f.items() if k != "tokenizer.json"}, "no tokenizer.json"),
+    (lambda f: f | {"tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "nope"}}).encode()}, "do not load"),
+    (lambda f: f | {"tokenizer_config.json": json.dumps(
+        {k: v for k, v in json.loads(f["tokenizer_config.json"]).items() if k != "eos_token"}).encode()},
+     "no eos token"),
+])
+def test_hostile_tokenizer_files_are_a_model_error(tmp_path, change, match):
+    """A bundle's files that do not load were a bare JSONDecodeError / ValueError, and one without eos loaded
+    with eos None; every role loads the run's tokenizer from the publisher's bundle."""
+    from krill.errors import ModelError
+    from krill.model.tokenizer import tokenizer_from_files
+
+    with pytest.raises(ModelError, match=match):
+        tokenizer_from_files(change(_bundle_files(tmp_path)))
