@@ -23,6 +23,11 @@ Design decisions:
   (the library waits forever on content nobody has); the thread cannot be cancelled and finishes
   in the background. The library cannot cap a download before it completes, so an oversized object
   costs bandwidth up to the timeout before it is rejected.
+- An existing repo is reused (its identity and blocks persist across runs). Its config must be a
+  Kubo config (`Identity` and `Addresses` objects) or opening it is a `StoreError` naming the file;
+  a config that was JSON but not Kubo's was a bare `KeyError`. A repo left by a killed process
+  opens again (Kubo's repo lock is released with its process); one that another process holds
+  fails to start with a `StoreUnavailableError` saying so.
 """
 
 from __future__ import annotations
@@ -132,6 +137,10 @@ class EmbeddedKuboStore(BlockBackedStore):
             config = json.loads(config_path.read_text())
         except (OSError, ValueError) as exc:
             raise StoreError(f"cannot read the IPFS repo config {config_path}: {exc}") from None
+        if not isinstance(config, dict) or not isinstance(config.get("Addresses"), dict) \
+                or not isinstance(config.get("Identity"), dict):
+            raise StoreError(f"{config_path} is not a Kubo repo config (no Identity and Addresses objects); "
+                             "point store.repo_path at a Kubo repo or at a folder Krill may create one in")
         config["Addresses"].update({"Swarm": list(swarm_addresses), "API": [], "Gateway": [],
                                     "Announce": [], "AppendAnnounce": []})
         # Krill dials its bootstrap peers itself, once, right after start; Kubo's own bootstrapper

@@ -81,3 +81,37 @@ def test_retries_of_content_nobody_has_share_one_download_thread(tmp_path):
         assert len(downloads) == 1  # the running download's own file, removed by it when the call returns
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("config", ["{}", "[]", '{"Identity": {}, "Addresses": null}'])
+def test_a_repo_whose_config_is_not_kubos_is_a_store_error(tmp_path, config):
+    """A repo_path whose config is JSON but not a Kubo config is refused naming the file (it was a bare
+    KeyError on config["Addresses"]), before any node starts on it."""
+    from krill.errors import StoreError
+    from krill.store.embedded_kubo import EmbeddedKuboStore
+
+    (tmp_path / "ipfs").mkdir()
+    (tmp_path / "ipfs" / "config").write_text(config)
+    with pytest.raises(StoreError, match="is not a Kubo repo config"):
+        EmbeddedKuboStore(tmp_path / "ipfs", timeout_s=1)
+
+
+def test_a_repo_left_by_a_killed_process_opens_again(tmp_path):
+    """Kubo's repo lock dies with its process: a node killed with SIGKILL leaves a repo the next one opens,
+    its blocks intact."""
+    import signal
+
+    from krill.store.embedded_kubo import EmbeddedKuboStore
+
+    code = ("import sys\nfrom krill.store.embedded_kubo import EmbeddedKuboStore\n"
+            "s = EmbeddedKuboStore(sys.argv[1], timeout_s=5)\nprint(s.add(b'left behind'), flush=True)\n"
+            "import time\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "ipfs")], stdout=subprocess.PIPE, text=True)
+    try:
+        cid = child.stdout.readline().strip()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    assert (tmp_path / "ipfs" / "repo.lock").exists()
+    with EmbeddedKuboStore(tmp_path / "ipfs", timeout_s=5) as store:
+        assert store.get(cid) == b"left behind"
