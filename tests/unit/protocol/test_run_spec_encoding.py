@@ -96,3 +96,28 @@ def test_a_new_run_clips_to_the_non_zero_median_and_a_published_spec_keeps_the_b
     loaded = load_spec(store, run_id)
     assert loaded.rule.clip_basis == "median" and loaded.encode() == old_bytes and loaded.run_id == run_id
     assert load_spec(store, publish_spec(store, new)).rule.clip_basis == "nonzero-median"
+
+
+def test_a_new_run_reduces_by_the_fixed_tree_and_a_published_spec_keeps_torchs(tmp_path):
+    """The fold's sums over coordinates changed to a fixed tree (torch's order depends on the CPU): a new
+    run names it, for any rule type, and a spec published before the option (no `reductions`) keeps its
+    bytes, its run id and torch's reductions, so its versions are recomputed as they were folded."""
+    from krill.rl.aggregate import ClipMixTrimRule, MedianRule
+    from krill.rl.local_train import LocalTrainConfig
+
+    new = _spec()
+    assert new.rule.reductions == "fixed-tree" and json.loads(new.encode())["rule"]["reductions"] == "fixed-tree"
+    table = json.loads(new.encode())
+    for rule in ({"type": "median"}, {"type": "clip-mix-trim", "trim_fraction": 0.3}, {"type": "mean"}):
+        assert RunSpec.model_validate({**table, "rule": rule}).rule.reductions == "fixed-tree"
+    assert LocalTrainConfig().rule.reductions == "fixed-tree"
+    assert LocalTrainConfig(rule={"type": "trimmed-mean"}).rule.reductions == "fixed-tree"
+    store = LocalStore(tmp_path / "store")
+    for before in (ClipMixTrimRule(), MedianRule()):  # as published before the option: no reductions
+        old_bytes = _spec(rule=before).encode()
+        assert "reductions" not in json.loads(old_bytes)["rule"]
+        run_id = store.put_block(old_bytes, pin=True) and __import__("hashlib").sha256(old_bytes).digest()
+        loaded = load_spec(store, run_id)
+        assert loaded.rule.reductions == "torch" and not loaded.rule.fixed
+        assert loaded.encode() == old_bytes and loaded.run_id == run_id
+    assert load_spec(store, publish_spec(store, new)).rule.reductions == "fixed-tree"
