@@ -11,6 +11,14 @@ Design decisions:
   `krill.rl.attacks.byzantine_updates` computed from that shard's honest rows (omniscient
   attackers). Byzantine rows claim the current version (staleness weight 1) and skip the int8
   round trip: a real attacker can encode any row it likes, up to quantisation.
+- Attacks on the attacker's own gradient (`OWN_GRADIENT_ATTACKS`: `tolerance-edge`, whose rows
+  pass the verifier's gradient check) need the Byzantine workers' honest work: there the trainer
+  simulates all n workers (the clean run's), and `shard_updates` replaces the last round(b n)
+  decoded rows by the attack's, keeping their weights (they are real, replayable commits).
+- `measure_shift` (off in the grids: it aggregates each shard twice) records per shard update
+  how far the Byzantine rows move the rule's aggregate: |agg - ref| / |ref| and
+  (mu . agg) / (mu . ref), with ref the aggregate without the attack (the honest rows alone, or
+  for own-gradient attacks all n rows unperturbed) and mu the mean of the honest rows.
 - Aggregation cost is timed on seeded Gaussian rows, [n, d] float32 with unit weights, per
   rule and against the plain mean; each cell repeats until `timing_repeats` runs or until
   `timing_budget_s` is spent (at least once) and reports the median. Cells with n x d above
@@ -40,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from krill.rl.attacks import GRADIENT_ATTACKS, AttackParams, byzantine_updates
+from krill.rl.attacks import GRADIENT_ATTACKS, OWN_GRADIENT_ATTACKS, AttackParams, byzantine_updates
 from krill.rl.local_train import LocalTrainConfig, LocalTrainer
 
 RULES: tuple[str, ...] = ("mean", "median", "trimmed-mean", "clip-mix-trim", "centered-clipping")
@@ -97,27 +105,59 @@ def make_rule(name: str):
 
 
 class AttackedTrainer(LocalTrainer):
-    """A `LocalTrainer` whose every shard also receives `n_byzantine` rows of `attack`."""
+    """A `LocalTrainer` whose every shard also receives `n_byzantine` rows of `attack` (for an attack in
+    `OWN_GRADIENT_ATTACKS`: whose last `n_byzantine` rows are replaced by the attack's)."""
 
     def __init__(self, model_dir: Path, config: LocalTrainConfig, attack: str | None = None, n_byzantine: int = 0,
-                 params: AttackParams | None = None):
+                 params: AttackParams | None = None, measure_shift: bool = False):
         super().__init__(model_dir, config)
         self.attack, self.n_byzantine, self.attack_params = attack, n_byzantine, params or AttackParams()
+        self.own = attack in OWN_GRADIENT_ATTACKS
+        if self.own and n_byzantine >= config.workers:
+            raise ValueError(f"{attack}: {n_byzantine} Byzantine of {config.workers} simulated workers leaves no "
+                             "honest one")
+        self.measure_shift = measure_shift
+        self.shifts: list[dict[str, float]] = []
 
     def shard_updates(self, shard: int, rows: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.attack is None or self.n_byzantine == 0:
             return rows, weights
         seed = hashlib.sha256(f"krill-bench-attack/{self.config.seed}/{self.version}/{shard}".encode()).digest()
         gen = torch.Generator().manual_seed(int.from_bytes(seed[:8], "big") >> 1)
-        bad = byzantine_updates(self.attack, rows, self.n_byzantine, gen, self.attack_params,
-                                n_total=rows.shape[0] + self.n_byzantine)
-        return torch.cat([rows, bad]), torch.cat([weights, torch.ones(self.n_byzantine, dtype=weights.dtype)])
+        f = self.n_byzantine
+        if self.own:
+            honest = rows[:-f]
+            bad = byzantine_updates(self.attack, honest, f, gen, self.attack_params, n_total=rows.shape[0],
+                                    own=rows[-f:])
+            out, out_w = torch.cat([honest, bad]), weights
+        else:
+            honest = rows
+            bad = byzantine_updates(self.attack, rows, f, gen, self.attack_params, n_total=rows.shape[0] + f)
+            out, out_w = torch.cat([rows, bad]), torch.cat([weights, torch.ones(f, dtype=weights.dtype)])
+        if self.measure_shift:
+            self.shifts.append(_shift(out, out_w, rows, weights, honest, self.config.rule))
+        return out, out_w
 
 
-def train_cell(model_dir: Path, config: LocalTrainConfig, attack: str | None = None, n_byzantine: int = 0) -> dict:
-    """Train `config.versions` versions; final greedy accuracy, honest reward of the last versions, seconds."""
+def _shift(rows: torch.Tensor, weights: torch.Tensor, ref_rows: torch.Tensor, ref_weights: torch.Tensor,
+           honest: torch.Tensor, rule) -> dict[str, float]:
+    """How far the attacked aggregate lies from the reference one (see the module docstring)."""
+    from krill.rl.aggregate import aggregate
+
+    agg = aggregate(rows, weights, rule)[0].double()
+    clean = aggregate(ref_rows, ref_weights, rule)[0].double()
+    mu = honest.double().mean(0)
+    along = float(mu @ clean)
+    return {"shift": float((agg - clean).norm() / clean.norm().clamp_min(1e-30)),
+            "progress": float(mu @ agg) / along if along else float("nan")}
+
+
+def train_cell(model_dir: Path, config: LocalTrainConfig, attack: str | None = None, n_byzantine: int = 0,
+               params: AttackParams | None = None, measure_shift: bool = False) -> dict:
+    """Train `config.versions` versions; final greedy accuracy, honest reward of the last versions, seconds
+    (with `measure_shift`, also the median and extremes of the per-shard aggregate shift and progress)."""
     started = time.perf_counter()
-    trainer = AttackedTrainer(model_dir, config, attack, n_byzantine)
+    trainer = AttackedTrainer(model_dir, config, attack, n_byzantine, params, measure_shift)
     rewards = []
     while trainer.version < (config.versions or 0):
         masks = trainer.masks()
@@ -125,8 +165,13 @@ def train_cell(model_dir: Path, config: LocalTrainConfig, attack: str | None = N
         trainer.step(contributions, masks)
         rewards.append(float(torch.cat([x.rewards for x in contributions]).mean()))
     tail = rewards[-max(1, len(rewards) // 4):]
-    return {"accuracy": trainer.evaluate(), "reward": sum(tail) / len(tail),
+    cell = {"accuracy": trainer.evaluate(), "reward": sum(tail) / len(tail),
             "seconds": round(time.perf_counter() - started, 2)}
+    if measure_shift and trainer.shifts:
+        for key in ("shift", "progress"):
+            values = [x[key] for x in trainer.shifts]
+            cell[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return cell
 
 
 def _config(size: GridSize, workers: int, **overrides) -> LocalTrainConfig:
@@ -142,7 +187,8 @@ def robustness_grid(model_dir: Path, size: GridSize, echo: Callable[[str], None]
         for fraction in size.fractions:
             f = round(fraction * size.workers)
             for attack in ([None] if f == 0 else size.attacks):
-                cell = train_cell(model_dir, _config(size, size.workers - f, rule=make_rule(rule)), attack, f)
+                simulated = size.workers if attack in OWN_GRADIENT_ATTACKS else size.workers - f
+                cell = train_cell(model_dir, _config(size, simulated, rule=make_rule(rule)), attack, f)
                 rows.append({"rule": rule, "attack": attack, "fraction": fraction, "byzantine": f,
                              "workers": size.workers, **cell})
                 echo(f"robustness  {rule:17s} {attack or 'none':9s} {f}/{size.workers} Byzantine  "
