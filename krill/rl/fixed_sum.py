@@ -23,6 +23,9 @@ Design decisions:
   float64 copy of the input is never made on its behalf.
 - A sum over several tensors (the optimizer's gradient norm, the update norm) sums each tensor by
   the tree and adds the per-tensor results left to right in the order given.
+- Cost: a row's tree makes about four passes over memory where `norm`/`cdist` make one (row norms
+  2x, distances 2x at n = 16, d = 1M with the 4 MB buffer; 6x with 32 MB), about 1.1x on a whole
+  `aggregate` with the default rule (one thread: n = 16, d = 1M, 0.92 s against 1.01 s).
 """
 
 from __future__ import annotations
