@@ -21,6 +21,12 @@ Design decisions:
   context, `krill audit`'s source), which also hands out the earlier versions, so a replay walks
   back to the last stored state and forward again, each version once. A version loaded without
   one (a worker, a verifier: they read the published masks, never the states) raises instead.
+- A later version keeps the base model's form: its manifest must name the base manifest's
+  architecture, tokenizer and parameters (name, shape, dtype, shard), or loading it is a
+  `ModelError`. Without the check a partly trusted coordinator could publish a different or much
+  larger model (up to 4096 shards of 1 GiB) that every worker and verifier fetched and built; only
+  the audit, which rebuilds a version from its parent, would have noticed. The base manifest's form
+  is kept per CID (content-addressed, so it never changes), one fetch per process.
 """
 
 from __future__ import annotations
@@ -235,6 +241,27 @@ def _find_optimizer_state(store, version: int, record: AggregationRecord | None,
     return None
 
 
+def _form(manifest: Manifest) -> tuple:
+    """What every version of a run shares with its base: architecture, tokenizer, parameters by shard."""
+    from krill.model.manifest import canonical_json
+
+    return (canonical_json(manifest.architecture), manifest.tokenizer,
+            tuple((s.index, tuple((p.name, tuple(p.shape), p.dtype) for p in s.parameters)) for s in manifest.shards))
+
+
+_BASE_FORMS: dict[str, tuple] = {}
+
+
+def _base_form(store, cid: str) -> tuple:
+    from krill.model.publish import load_manifest
+
+    if cid not in _BASE_FORMS:
+        if len(_BASE_FORMS) >= 16:
+            _BASE_FORMS.clear()
+        _BASE_FORMS[cid] = _form(load_manifest(store, cid))
+    return _BASE_FORMS[cid]
+
+
 def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, record_digest: bytes | None,
                  masks_from_momentum: bool = False, replay: FoldReplay | None = None) -> VersionState:
     """A version from the digests the chain holds for it."""
@@ -253,6 +280,9 @@ def load_version(store, spec: RunSpec, version: int, manifest_digest: bytes, rec
         record_cid = digest_to_cid(record_digest)
         if record.version != version or record.manifest_cid != manifest_cid:
             raise ModelError(f"record of version {version} names another version or manifest")
+        if _form(manifest) != _base_form(store, spec.base_manifest_cid):
+            raise ModelError(f"manifest {manifest_cid} of version {version} changes the base model's architecture, "
+                             "tokenizer or parameters")
     elif manifest_cid != spec.base_manifest_cid:
         raise ModelError(f"base manifest {manifest_cid} differs from the run spec's {spec.base_manifest_cid}")
     return VersionState(spec, version, manifest, manifest_cid, record, record_cid, store, masks_from_momentum, replay)

@@ -117,13 +117,17 @@ def test_evidence_round_trips_through_the_store_with_its_attested_digest(tmp_pat
 
 
 class _Version:
-    """The two things `Policies.model` reads of a version: its architecture and its tensors."""
+    """What `Policies.model` reads of a version: its manifest's architecture and parameters, its tensors."""
 
     def __init__(self, version: int, model):
+        from types import SimpleNamespace
+
         import torch
 
         self.version = version
-        self.manifest = type("Manifest", (), {"architecture": model.config.to_dict()})()
+        parameters = [SimpleNamespace(name=n, shape=list(t.shape)) for n, t in model.state_dict().items()]
+        self.manifest = SimpleNamespace(architecture=model.config.to_dict(),
+                                        shards=[SimpleNamespace(parameters=parameters)])
         torch.manual_seed(version)
         self._tensors = {n: torch.randn_like(t) for n, t in model.state_dict().items()}
 
