@@ -12,7 +12,12 @@ Design decisions:
   spaces, or may be written as a TOML string literal (`"..."`), which is unquoted: none of them
   starts and ends with a quote, and `krill devnet up` writes them so.
 - A `[store]` table without `type` is the default local store, so `--set store.path=...` works
-  without a config file.
+  without a config file. An override that changes a section's `type` (`KRILL_STORE__TYPE=kubo`)
+  replaces the section: the lower layer's settings of the other type (the file's `path`) do not
+  carry over, or no file written for one store could be pointed at another by overrides.
+- An invalid value is reported with its key as the file spells it (`store.path`, not pydantic's
+  `store.kubo.path`) and, when an override set it, which one (`--set worker.threads`, the variable
+  `KRILL_WORKER__THREADS`): an error blamed on the file sends the reader to the wrong place.
 - Validators only validate; nothing rewrites another section.
 - `masked()` renders the effective configuration with secrets (passwords, URL credentials, API
   keys in query strings) replaced, for `krill config show`.
@@ -368,6 +373,57 @@ def _parse_value(dotted: str, text: str) -> Any:
     return value
 
 
+def _union_tags(section: str) -> dict[str, Any]:
+    """The variants of a pluggable section (`store`), by their `type` tag; empty for a plain section."""
+    field = KrillConfig.model_fields.get(section)
+    if field is None:
+        return {}
+    variants = [m for m in _members(field.annotation) if isinstance(m, type) and issubclass(m, BaseModel)
+                and "type" in m.model_fields]
+    if len(variants) < 2:
+        return {}
+    return {get_args(m.model_fields["type"].annotation)[0]: m for m in variants}
+
+
+def _default_type(section: str) -> Any:
+    return getattr(KrillConfig.model_fields[section].get_default(call_default_factory=True), "type", None)
+
+
+def _apply_layer(data: dict, items: list[tuple[str, Any, str]], origins: dict[tuple[str, ...], str]) -> None:
+    """Apply one layer of overrides (all of the environment, or all `--set`s): `(dotted, value, origin)`.
+
+    A layer that sets a pluggable section's `type` to another than the one below replaces that section
+    (see the module docstring); what the layer sets itself is kept whatever its order."""
+    for dotted, value, _ in items:
+        parts = [p for p in dotted.split(".") if p]
+        if len(parts) == 2 and parts[1] == "type" and _union_tags(parts[0]) and isinstance(data.get(parts[0]), dict):
+            below = data[parts[0]].get("type", _default_type(parts[0]))
+            if value != below:
+                data[parts[0]] = {}
+    for dotted, value, origin in items:
+        _set_path(data, dotted, value, origin)
+        origins[tuple(p for p in dotted.split(".") if p)] = origin
+
+
+def _error_key(loc: tuple) -> tuple[str, ...]:
+    """A validation error's location as the file spells the key: without pydantic's union tag (`store.kubo.path`
+    is `store.path`)."""
+    parts = tuple(str(p) for p in loc)
+    if len(parts) > 1 and parts[1] in _union_tags(parts[0]):
+        parts = parts[:1] + parts[2:]
+    return parts
+
+
+def _error_origin(key: tuple[str, ...], origins: dict[tuple[str, ...], str]) -> str | None:
+    """The override that set `key` (or the section or value holding it), if one did."""
+    for n in range(len(key), 0, -1):
+        if key[:n] in origins:
+            return origins[key[:n]]
+    if len(key) == 1 and _union_tags(key[0]):  # the section's own error is its `type`'s
+        return origins.get((*key, "type"))
+    return next((origin for path, origin in origins.items() if path[:len(key)] == key), None)
+
+
 def _set_path(data: dict, dotted: str, value: Any, origin: str) -> None:
     parts = [p for p in dotted.split(".") if p]
     if len(parts) < 2:
@@ -401,22 +457,36 @@ def load_config(path: Path | str | None = None, overrides: list[str] | tuple[str
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist (run `krill devnet up` or pass --config)") from None
+        except OSError as exc:  # a folder, no permission, a path through a file
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    for dotted, value in env_overrides(environ):
-        _set_path(data, dotted, value, f"environment KRILL_{dotted.upper().replace('.', '__')}")
+    origins: dict[tuple[str, ...], str] = {}
+    _apply_layer(data, [(dotted, value, f"environment variable KRILL_{dotted.upper().replace('.', '__')}")
+                        for dotted, value in env_overrides(environ)], origins)
+    flags = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set '{item}': expected section.field=value")
         dotted, raw = item.split("=", 1)
         dotted = dotted.strip()
-        _set_path(data, dotted, _parse_value(dotted, raw), f"--set {item}")
+        flags.append((dotted, _parse_value(dotted, raw), f"--set {dotted}"))
+    _apply_layer(data, flags, origins)
     try:
         return KrillConfig.model_validate(data)
     except ValidationError as exc:
-        where = f" in {path}" if path else ""
-        lines = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"invalid configuration{where}: {lines}") from None
+        lines, from_file = [], False
+        for e in exc.errors():
+            key = _error_key(e["loc"])
+            origin = _error_origin(key, origins)
+            from_file = from_file or origin is None
+            message = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{'.'.join(key)}: {message}" + (f" (from {origin})" if origin else ""))
+        where = f" in {path}" if path and from_file else ""
+        raise ConfigError(f"invalid configuration{where}: {'; '.join(lines)}") from None
 
 
 def write_config(config: KrillConfig, path: Path) -> None:

@@ -147,3 +147,65 @@ def test_an_optional_field_is_cleared_by_none_or_null_and_a_password_stays_verba
     assert cfg.worker.max_per_version is None and cfg.chain.confirmations is None
     assert cfg.keystore.password.get_secret_value() == "none"
     assert load_config(None, ["worker.max_per_version=3"], environ={}).worker.max_per_version == 3
+
+
+def test_a_config_file_that_cannot_be_read_or_decoded_is_a_config_error(tmp_path):
+    """Before: a path through a file (or one without read permission) and a non-UTF-8 file escaped as
+    NotADirectoryError / UnicodeDecodeError tracebacks from every command."""
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe[chain]\n")
+    with pytest.raises(ConfigError, match=r"binary\.toml is not valid TOML: not UTF-8"):
+        load_config(binary, environ={})
+    through_a_file = tmp_path / "binary.toml" / "x.toml"
+    with pytest.raises(ConfigError, match=r"x\.toml cannot be read: Not a directory"):
+        load_config(through_a_file, environ={})
+
+
+def test_an_invalid_override_is_blamed_on_the_override_not_the_file(tmp_path):
+    """Before: `--config good.toml --set worker.threads=0` said "invalid configuration in good.toml:
+    worker.threads ..." though the file is fine, and a bad KRILL_* variable was blamed on the file too."""
+    good = tmp_path / "good.toml"
+    good.write_text("[worker]\nthreads = 2\n")
+    with pytest.raises(ConfigError) as flag:
+        load_config(good, ["worker.threads=0"], environ={})
+    assert "good.toml" not in str(flag.value)
+    assert re.search(r"worker\.threads: .*greater than or equal to 1 \(from --set worker\.threads\)", str(flag.value))
+    with pytest.raises(ConfigError) as env:
+        load_config(good, environ={"KRILL_WORKER__THREADS": "four", "KRILL_FOO__BAR": "1"})
+    assert "good.toml" not in str(env.value)
+    assert "worker.threads: Input should be a valid integer" in str(env.value)
+    assert "(from environment variable KRILL_WORKER__THREADS)" in str(env.value)
+    assert "foo: Extra inputs are not permitted (from environment variable KRILL_FOO__BAR)" in str(env.value)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[worker]\nthreads = 0\n[store]\ntype = "kubo"\npath = "/x"\n')
+    with pytest.raises(ConfigError) as in_file:
+        load_config(bad, ["chain.retries=-1"], environ={})
+    text = str(in_file.value)
+    assert text.startswith(f"invalid configuration in {bad}: ")
+    # The key as the file spells it (pydantic's own location is store.kubo.path).
+    problems = set(text.split(": ", 1)[1].split("; "))
+    assert problems == {"store.path: Extra inputs are not permitted",
+                        "worker.threads: Input should be greater than or equal to 1",
+                        "chain.retries: Input should be greater than or equal to 0 (from --set chain.retries)"}
+
+
+def test_an_override_that_changes_the_store_type_replaces_the_files_store_section(tmp_path):
+    """Before: every config `krill devnet up` writes has `[store] type = "local"` and `path`, and
+    `KRILL_STORE__TYPE=kubo` (or `--set store.type=kubo`) failed on it with "store.kubo.path: Extra inputs
+    are not permitted": no override could point such a deployment at a Kubo store."""
+    local = tmp_path / "local.toml"
+    local.write_text(f'[store]\ntype = "local"\npath = "{tmp_path / "s"}"\nmax_get_bytes = 7\n')
+    env = {"KRILL_STORE__API_URL": "http://kubo:5001", "KRILL_STORE__TYPE": "kubo"}  # sorted: the URL comes first
+    cfg = load_config(local, environ=env)
+    assert isinstance(cfg.store, KuboStoreConfig) and cfg.store.api_url == "http://kubo:5001"
+    assert cfg.store.max_get_bytes == 1 << 30  # the file's local settings do not carry over
+    cfg = load_config(local, ["store.type=kubo", "store.timeout_s=5"], environ={})
+    assert isinstance(cfg.store, KuboStoreConfig) and cfg.store.timeout_s == 5
+    # The same type keeps the file's settings; a file without a store section takes the override as is.
+    cfg = load_config(local, ["store.type=local", "store.max_get_bytes=9"], environ={})
+    assert (cfg.store.path, cfg.store.max_get_bytes) == (tmp_path / "s", 9)
+    # Within one layer, settings of the wrong type are still refused.
+    with pytest.raises(ConfigError, match="store.path: Extra inputs"):
+        load_config(local, ["store.type=kubo", "store.path=/x"], environ={})
+    with pytest.raises(ConfigError, match=r"chain\.type: Extra inputs .*\(from --set chain\.type\)"):
+        load_config(local, ["chain.type=kubo"], environ={})
