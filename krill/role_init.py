@@ -178,10 +178,7 @@ def init_role(role: str, *, out: Path, keystore: Path, password: str, devnet: bo
     data = {"chain": chain_section, "store": _store_section(store), "keystore": {"path": str(keystore)},
             "run": {"id": run_id} if run_id else {}, role: {}}
     config = _validated(data)
-    chain = connect_chain(config)
-    if not chain.w3.eth.get_code(chain.address):
-        raise ConfigError(f"no contract at {chain.address} on the chain at {config.chain.rpc_url}: check --protocol "
-                          "(the KrillProtocol address the run's operator published)")
+    chain = connect_chain(config, address_from="the devnet's protocol address" if devnet else "--protocol")
     chain_section.setdefault("chain_id", chain.w3.eth.chain_id)
     chain_section.setdefault("token_address", chain.token_address())
     others: list[str] = []

@@ -4,7 +4,8 @@ Design decisions:
 - One place turns a `KrillConfig` into live objects, so every role fails the same way with the
   same advice: no keystore -> `krill keys new`; wrong password -> say so; no contract address ->
   `krill devnet up` or set chain.protocol_address; no run id -> set run.id; chain unreachable ->
-  name the URL.
+  name the URL; no contract at the address -> say so at connect (one `eth_getCode`), before a
+  call decodes the empty answer as a traceback or `krill index sync` indexes an empty address.
 - The password comes from the configuration (KRILL_KEYSTORE__PASSWORD) or, interactively, a prompt
   that the CLI layer supplies; long-running roles never prompt on their own.
 - Heavy imports (web3, torch) happen inside the functions.
@@ -39,8 +40,10 @@ def unlock_identity(config: KrillConfig, prompt: Callable[[], str] | None = None
                                  "`krill keys show --unlock` tries a password") from None
 
 
-def connect_chain(config: KrillConfig, account=None):
-    """A `KrillChain` client for the configured protocol, acting as `account` (None: read-only)."""
+def connect_chain(config: KrillConfig, account=None, *, address_from: str = "chain.protocol_address"):
+    """A `KrillChain` client for the configured protocol, acting as `account` (None: read-only).
+
+    `address_from` names where the protocol address came from, for the error when no contract is there."""
     from krill.chain.client import KrillChain
     from krill.chain.rpc import RetryPolicy, connect_http
 
@@ -56,6 +59,16 @@ def connect_chain(config: KrillConfig, account=None):
     if config.chain.chain_id is not None and chain_id != config.chain.chain_id:
         raise ConfigError(f"chain at {config.chain.rpc_url} has chain id {chain_id}, the config expects "
                           f"{config.chain.chain_id}")
+    try:
+        code = w3.eth.get_code(w3.to_checksum_address(config.chain.protocol_address))
+    except Exception as exc:  # noqa: BLE001 - as for the chain id above
+        raise ChainUnavailableError(f"chain at {config.chain.rpc_url} is unreachable ({type(exc).__name__}): "
+                                    "is the node running? (`krill devnet status`)") from None
+    if not code:
+        raise ConfigError(f"no contract at {address_from} {config.chain.protocol_address} on the chain at "
+                          f"{config.chain.rpc_url} (chain id {chain_id}): check {address_from} (the KrillProtocol "
+                          "address the run's operator published; a fresh `krill devnet up` writes it to its config) "
+                          "and that the chain is the run's")
     return KrillChain(w3, config.chain.protocol_address, account, retry)
 
 
