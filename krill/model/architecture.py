@@ -15,9 +15,13 @@ Design decisions:
 - Buffers outside the state dict (rotary tables, attention masks) are allocated too and are not in
   the manifest: their elements may be at most `MAX_EXTRA_BUFFER_ELEMENTS` or the weights' count,
   whichever is larger.
-- Construction time grows with the number of modules, which no shape check sees: a layer or expert
-  count (`LAYER_COUNT_KEYS`) may not exceed the manifest's distinct layer indices (its tensor count
-  when no name carries a layer index), so an absurd count is refused before anything is built.
+- Construction time grows with the number of modules, which no shape check sees: a layer count
+  (`LAYER_COUNT_KEYS`) may not exceed the manifest's distinct layer indices (its tensor count when
+  no name carries a layer index), and an expert count (`EXPERT_COUNT_KEYS`) the manifest's tensor
+  count or the leading dimension of a tensor of stacked experts (`...experts.<name>`, one tensor
+  for all of a layer's experts), whichever is larger, so an absurd count is refused before anything
+  is built. Experts are not bounded by layers: an honest mixture of experts has more experts than
+  layers (OLMoE 64 in 16, a tiny test model 4 in 2).
 - Every failure is a `ModelError` naming the key or tensor at fault; transformers' own exceptions
   while reading the config or building on `meta` become one too.
 
@@ -25,7 +29,7 @@ Public API:
     model_config(manifest) -> PretrainedConfig      the config, with its counts bounded
     check_architecture(manifest) -> PretrainedConfig  config and tensors agree (built on meta)
     build_model(manifest, dtype=torch.float32) -> nn.Module   checked, then allocated (weights unset)
-    LAYER_COUNT_KEYS, MAX_EXTRA_BUFFER_ELEMENTS
+    LAYER_COUNT_KEYS, EXPERT_COUNT_KEYS, MAX_EXTRA_BUFFER_ELEMENTS
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from krill.errors import ModelError
 from krill.model.manifest import Manifest
 from krill.model.shards import layer_of
 
-LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_local_experts", "num_experts",
-                    "n_routed_experts")
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_EXTRA_BUFFER_ELEMENTS = 1 << 24
 
 
@@ -54,13 +58,16 @@ def model_config(manifest: Manifest):
     model_type = arch.get("model_type")
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise ModelError(f"architecture.model_type: {str(model_type)[:64]!r} is not a model type transformers knows")
-    names = [p.name for s in manifest.shards for p in s.parameters]
-    indices = {layer_of(n) for n in names} - {None}
-    bound = len(indices) if indices else len(names)
-    for key in LAYER_COUNT_KEYS:
-        value = arch.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > bound:
-            raise ModelError(f"architecture.{key}: {value} is more than the manifest's tensors hold ({bound})")
+    params = [p for s in manifest.shards for p in s.parameters]
+    indices = {layer_of(p.name) for p in params} - {None}
+    layers = len(indices) if indices else len(params)
+    stacked = [p.shape[0] for p in params if ".experts." in f".{p.name}" and len(p.shape) == 3]
+    experts = max([len(params), *stacked])
+    for keys, bound in ((LAYER_COUNT_KEYS, layers), (EXPERT_COUNT_KEYS, experts)):
+        for key in keys:
+            value = arch.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+                raise ModelError(f"architecture.{key}: {value} is more than the manifest's tensors hold ({bound})")
     try:
         return CONFIG_MAPPING[model_type].from_dict(dict(arch))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a config it refuses

@@ -58,3 +58,27 @@ def test_layers_missing_from_the_manifest_are_named(published):
     short = manifest.model_copy(update={"shards": [*manifest.shards[:-1], last.model_copy(update={"parameters": kept})]})
     with pytest.raises(ModelError, match="'model.layers.3.mlp.up_proj.weight' that the manifest does not list"):
         check_architecture(short)
+
+
+def test_a_mixture_of_experts_with_more_experts_than_layers_builds(tmp_path):
+    """An expert count is not bounded by the layer count: an honest mixture of experts has more experts
+    than layers (gpt-oss-20b 32 in 24; here 4 in 2), and was refused as 'more than the manifest's tensors
+    hold (2)'. An absurd expert count is still refused before anything is built."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from krill.store.local import LocalStore
+
+    config = AutoConfig.for_model("gpt_oss", vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                  num_key_value_heads=2, head_dim=16, max_position_embeddings=64, num_hidden_layers=2,
+                                  layer_types=["sliding_attention", "full_attention"], num_local_experts=4,
+                                  num_experts_per_tok=2)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "moe")
+    (tmp_path / "moe" / "tokenizer.json").write_text("{}")
+    store = LocalStore(tmp_path / "store")
+    manifest, _ = publish_model_dir(store, tmp_path / "moe", 2)
+    assert check_architecture(manifest).num_local_experts == 4
+    build_model(manifest).load_state_dict(fetch_tensors(store, manifest), strict=True)
+    for absurd in (10**7, len([p for s in manifest.shards for p in s.parameters]) + 1):
+        with pytest.raises(ModelError, match=f"architecture.num_local_experts: {absurd} is more than"):
+            check_architecture(_with(manifest, num_local_experts=absurd))
