@@ -21,31 +21,28 @@ import contextlib
 import click
 
 from krill.commands.context import current_config
-from krill.db.errors import DatabaseError
 from krill.errors import ConfigError
 
 
 def _open_index(url: str):
     """`open_read_only(url)`, with a database that cannot be opened as one `DatabaseError` line."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
-
     from krill.explorer.database import open_read_only
+    from krill.runtime import database_errors
+
+    with database_errors(url, "database.url (or --db)", "the index database"):
+        return open_read_only(url)
+
+
+def _checked_db_flag(url: str) -> str:
+    """`--db` is checked as `database.url` is (backend and driver), or a typo'd driver failed at import."""
+    from pydantic import ValidationError
+
+    from krill.config import DatabaseConfig
 
     try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise DatabaseError("database.url (or --db) is not a database URL: give e.g. sqlite:///path/krill.db or "
-                            "postgresql+psycopg://user@host/db") from None
-    try:
-        return open_read_only(url)
-    except (OperationalError, InterfaceError) as exc:
-        lines = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
-        reason = lines[0] if lines else type(exc).__name__
-        if parsed.password:
-            reason = reason.replace(str(parsed.password), "***")
-        raise DatabaseError(f"cannot open the index database {parsed.render_as_string(hide_password=True)}: {reason}; "
-                            "check database.url (or --db) and that its server is running") from None
+        return DatabaseConfig(url=url).url
+    except ValidationError as exc:
+        raise ConfigError(f"--db: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
 @click.command("explorer")
@@ -68,7 +65,7 @@ def explorer(host: str | None, port: int | None, db_url: str | None, audit_repor
     section = config.explorer
     report = audit_report or section.audit_report
     with contextlib.ExitStack() as stack:
-        db = _open_index(db_url or config.database.url)
+        db = _open_index(_checked_db_flag(db_url) if db_url else config.database.url)
         stack.callback(db.close)
         store = None if no_store or not section.use_store else stack.enter_context(open_configured_store(config))
         app = ExplorerApp(db, store, AuditStatus(report), section.page_size, section.max_page_size)

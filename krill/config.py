@@ -170,9 +170,12 @@ class DatabaseConfig(_Section):
     @field_validator("url")
     @classmethod
     def _supported_url(cls, value: str) -> str:
-        # The backends krill/db/session.py opens; checked here so a typo fails at load, not at first use.
-        if not re.match(r"^(sqlite|postgresql)(\+[A-Za-z0-9_]+)?://", value):
-            raise ValueError(f"expected a sqlite:///path.db or postgresql+psycopg://user@host/db URL, got {value!r}")
+        # The backends krill/db/session.py opens, with their synchronous drivers; checked here so a typo
+        # (`postgresql+pyscopg`) fails at load, not at first use. The URL is shown with its password masked.
+        if not re.match(r"^(sqlite(\+pysqlite)?|postgresql(\+(psycopg|psycopg2))?)://", value):
+            raise ValueError(f"expected a sqlite:///path.db or postgresql+psycopg://user@host/db URL (drivers: "
+                             f"sqlite, sqlite+pysqlite, postgresql, postgresql+psycopg, postgresql+psycopg2), got "
+                             f"{_mask(value)!r}")
         return value
 
 

@@ -6,6 +6,9 @@ Design decisions:
   `krill devnet up` or set chain.protocol_address; no run id -> set run.id; chain unreachable ->
   name the URL; no contract at the address -> say so at connect (one `eth_getCode`), before a
   call decodes the empty answer as a traceback or `krill index sync` indexes an empty address.
+- A database that cannot be opened (server down, wrong password, no such driver, a SQLite folder
+  that cannot be made) is one `DatabaseError` line naming the URL with its password hidden
+  (`database_errors`), for every command that opens one, as the explorer already did.
 - The password comes from the configuration (KRILL_KEYSTORE__PASSWORD) or, interactively, a prompt
   that the CLI layer supplies; long-running roles never prompt on their own.
 - Heavy imports (web3, torch) happen inside the functions.
@@ -13,8 +16,9 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from krill.config import KrillConfig, krill_home
@@ -78,11 +82,47 @@ def open_configured_store(config: KrillConfig):
     return open_store(config.store)
 
 
+@contextlib.contextmanager
+def database_errors(url: str, setting: str = "database.url", what: str = "the database") -> Iterator[None]:
+    """Within the block, a failure to open the database at `url` becomes one `DatabaseError` line that names
+    the URL with its password hidden (and cut out of the driver's reason, should it echo it)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
+
+    from krill.db.errors import DatabaseError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise DatabaseError(f"{setting} is not a database URL: give e.g. sqlite:///path/krill.db or "
+                            "postgresql+psycopg://user@host/db") from None
+    shown = parsed.render_as_string(hide_password=True)
+
+    def hidden(text: str) -> str:
+        return text.replace(str(parsed.password), "***") if parsed.password else text
+
+    try:
+        yield
+    except (NoSuchModuleError, ModuleNotFoundError) as exc:
+        raise DatabaseError(f"cannot open {what} {shown}: no driver {parsed.drivername!r} here "
+                            f"({hidden(str(exc))}); check {setting}: sqlite:///path.db or "
+                            "postgresql+psycopg://user@host/db") from None
+    except (OperationalError, InterfaceError) as exc:
+        lines = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+        reason = hidden(lines[0] if lines else type(exc).__name__)
+        raise DatabaseError(f"cannot open {what} {shown}: {reason}; check {setting} and that its server is "
+                            "running") from None
+    except OSError as exc:  # SQLite: the database's folder cannot be made
+        raise DatabaseError(f"cannot open {what} {shown}: {exc.strerror or exc}"
+                            f"{f' ({exc.filename})' if exc.filename else ''}; check {setting}") from None
+
+
 def open_configured_database(config: KrillConfig):
     from krill.db.session import open_database
 
     Path(krill_home()).mkdir(parents=True, exist_ok=True)
-    return open_database(config.database.url)
+    with database_errors(config.database.url):
+        return open_database(config.database.url)
 
 
 def run_id_of(config: KrillConfig) -> bytes:

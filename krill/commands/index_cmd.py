@@ -21,13 +21,13 @@ from krill.commands.context import current_config
 
 def _open(stack: ExitStack, with_store: bool = True):
     from krill.db.indexer import Indexer
-    from krill.db.session import open_database
-    from krill.runtime import connect_chain
+    from krill.runtime import connect_chain, open_configured_database
 
     config = current_config()
-    # The one way every command connects: an unreachable node is a one-line error, a wrong chain id refused.
+    # The one way every command connects: an unreachable node is a one-line error, a wrong chain id refused;
+    # a database that cannot be opened is one line too.
     chain = connect_chain(config)
-    db = stack.enter_context(open_database(config.database.url))
+    db = stack.enter_context(open_configured_database(config))
     store = None
     if with_store:
         from krill.store.base import open_store
