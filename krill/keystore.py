@@ -152,6 +152,11 @@ def _read(path: Path) -> dict:
     for field in ("name", "address", "ed25519_public_key", "ethereum", "ed25519"):
         if field not in doc:
             raise KeystoreError(f"keystore {path} lacks the field '{field}'")
+    # The public fields are read without the password (`krill keys list/show`): of the wrong type, the file
+    # is damaged, and `list_keystores` skips it with a warning instead of the listing failing on it.
+    for field in ("name", "address", "ed25519_public_key"):
+        if not isinstance(doc[field], str):
+            raise KeystoreError(f"keystore {path}: the field '{field}' is not a string")
     return doc
 
 
@@ -189,7 +194,8 @@ def resolve_keystore(path_or_name: str | Path | None, directory: Path | None = N
         return found[0].path
     if not found:
         raise KeystoreError(f"no keystore in {directory}: create one with `krill keys new`")
-    raise KeystoreError(f"{len(found)} keystores in {directory}: choose one with keystore.path or --key NAME")
+    raise KeystoreError(f"{len(found)} keystores in {directory}: choose one with keystore.path "
+                        "(`--set keystore.path=NAME`, or `[keystore] path` in the config)")
 
 
 def unlock(path: Path, password: str) -> Identity:

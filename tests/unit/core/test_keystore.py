@@ -68,3 +68,22 @@ def test_resolve_and_list(tmp_path):
         read_info(tmp_path / "junk.json")
     (tmp_path / "b.json").unlink()
     assert resolve_keystore(None, tmp_path) == a.path  # still the only keystore there is
+
+
+@pytest.mark.parametrize("field, value", [("ed25519_public_key", 5), ("address", None), ("name", ["x"])])
+def test_keys_list_skips_a_keystore_whose_public_fields_are_not_strings(tmp_path, field, value):
+    """Before: `krill keys list` died with a TypeError traceback (`ed25519_public_key[:16]` of an int) on such a
+    file, though damaged keystores are meant to be skipped with a warning."""
+    from click.testing import CliRunner
+
+    from krill.cli import cli
+
+    good = create_keystore("good", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    doc = json.loads(good.path.read_text())
+    doc[field] = value
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(KeystoreError, match=f"the field '{field}' is not a string"):
+        read_info(tmp_path / "bad.json")
+    assert [i.path for i in list_keystores(tmp_path)] == [good.path]
+    result = CliRunner().invoke(cli, ["keys", "list", "--dir", str(tmp_path)], env={"KRILL_CONFIG": None})
+    assert result.exit_code == 0 and "good" in result.output and result.exception is None, result.output
