@@ -14,7 +14,6 @@ Design decisions:
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -38,8 +37,11 @@ def _read_password(password_file: str | None, confirm: bool) -> str:
             return Path(password_file).read_text(encoding="utf-8").rstrip("\n")
         except OSError as exc:
             raise KeystoreError(f"cannot read password file {password_file}: {exc.strerror}") from None
-    if os.environ.get("KRILL_KEYSTORE__PASSWORD"):
-        return os.environ["KRILL_KEYSTORE__PASSWORD"]
+    # The configuration's, as for every other command: KRILL_KEYSTORE__PASSWORD, `--set keystore.password=...`
+    # or the config file's (reading the variable alone ignored the other two).
+    secret = current_config().keystore.password
+    if secret is not None and secret.get_secret_value():
+        return secret.get_secret_value()
     if not sys.stdin.isatty():
         raise KeystoreError("no keystore password: set KRILL_KEYSTORE__PASSWORD or pass --password-file")
     return click.prompt("Keystore password", hide_input=True, confirmation_prompt=confirm)

@@ -52,3 +52,48 @@ def test_keys_new_list_show(tmp_path):
     pw.write_text("wrong")
     bad = runner.invoke(cli, ["keys", "show", "w0", "--unlock", "--password-file", str(pw)])
     assert bad.exit_code == 1 and "wrong password" in bad.output
+
+
+def test_every_sub_commands_help_imports_no_heavy_library():
+    """`krill X --help` for every command and sub-command, in one process: none loads torch, transformers,
+    web3 or SQLAlchemy (the root's --help alone was checked)."""
+    code = ("import sys, click\nfrom krill.cli import cli\n"
+            "def walk(cmd, path, ctx):\n"
+            "    yield path\n"
+            "    if isinstance(cmd, click.Group):\n"
+            "        for name in cmd.list_commands(ctx):\n"
+            "            yield from walk(cmd.get_command(ctx, name), path + [name], ctx)\n"
+            "paths = list(walk(cli, [], click.Context(cli)))\n"
+            "for path in paths:\n"
+            "    try:\n        cli([*path, '--help'], prog_name='krill')\n    except SystemExit as exc:\n"
+            "        assert exc.code == 0, path\n"
+            "heavy = [m for m in ('torch', 'transformers', 'web3', 'sqlalchemy') if m in sys.modules]\n"
+            "print('PATHS', len(paths), 'HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    last = out.strip().splitlines()[-1]
+    assert last.endswith("HEAVY []"), last
+    assert int(last.split()[1]) > 40  # every leaf was reached (the roles' too)
+
+
+def test_role_init_takes_the_password_from_the_configuration(tmp_path, monkeypatch):
+    """Before: `krill worker init` read only the KRILL_KEYSTORE__PASSWORD variable, so `--set keystore.password=...`
+    and a config file's password (which `krill keys show --unlock` and every other command use) were ignored:
+    without a terminal it failed with "no keystore password"."""
+    import krill.role_init
+
+    seen = {}
+
+    def fake_init_role(role, *, password, **_):
+        seen["password"] = password
+        raise krill.role_init.ConfigError("stop here")
+
+    monkeypatch.setattr(krill.role_init, "init_role", fake_init_role)
+    env = {"KRILL_HOME": str(tmp_path / "home"), "KRILL_CONFIG": None, "KRILL_KEYSTORE__PASSWORD": None}
+    result = CliRunner().invoke(cli, ["--set", "keystore.password=s3cret 1", "worker", "init", "--devnet"], env=env)
+    assert "stop here" in result.output and seen["password"] == "s3cret 1", result.output
+    config = tmp_path / "k.toml"
+    config.write_text('[keystore]\npassword = "from-file"\n')
+    result = CliRunner().invoke(cli, ["--config", str(config), "verifier", "init", "--devnet"], env=env)
+    assert "stop here" in result.output and seen["password"] == "from-file", result.output
+    result = CliRunner().invoke(cli, ["worker", "init", "--devnet"], env=env)
+    assert result.exit_code == 1 and "no keystore password" in result.output
