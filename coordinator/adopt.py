@@ -12,6 +12,12 @@ Design decisions:
   a commit computed at v can be folded into v + 1 .. v + 1 + S_max), and marks the commits they
   accepted (with their recorded weights) and rejected as folded into, or named by, that version.
   Ingest then leaves them alone. Older commits are rejected as stale at ingest, as before.
+- An adopted version the chain has not settled is settled from its record's accepted entries (the
+  split `krill.coordinator.settle` computes from the journal's, which are the same entries). The
+  loop settles a version right after publishing it and only from its journal, so a coordinator
+  stopped in between whose database was then lost left that version's workers unpaid for good.
+  The version the run last published is always looked at (also with S_max = 0), since that is the
+  one such a stop leaves unsettled.
 - A journal with every version of the window (the normal start) costs one query and no read.
 - A record the store cannot give stops the coordinator (`CoordinatorStateError`): folding without
   knowing what the chain already holds could apply a contribution twice.
@@ -28,11 +34,11 @@ from krill.errors import ContentNotFoundError, PayloadError
 
 def adopt_published(ctx, latest: int) -> list[int]:
     """Mark the contributions named by published versions (of the staleness window before `latest` + 1)
-    that the journal lacks; returns those versions."""
+    that the journal lacks, and settle those the chain has not settled; returns those versions."""
     from krill.coordinator.publish import CoordinatorStateError
     from krill.protocol.record import load_record
 
-    window = max(ctx.spec.staleness.max_staleness, ctx.spec.chain.max_staleness)
+    window = max(ctx.spec.staleness.max_staleness, ctx.spec.chain.max_staleness, 1)  # 1: the last one, to settle
     first = max(1, latest - window + 1)
     if first > latest:
         return []
@@ -67,7 +73,22 @@ def adopt_published(ctx, latest: int) -> list[int]:
                 if row is not None:
                     row.status, row.reason_code, row.reason = ContributionStatus.REJECTED, code, e.reason
                     row.aggregated_version = v
+    for v, record in sorted(records.items()):  # after the marks: a chain fault here retries the whole adoption
+        _settle(ctx, v, [e.model_dump(mode="json") for e in record.accepted])
     return sorted(records)
+
+
+def _settle(ctx, version: int, accepted: list[dict]) -> None:
+    """Settle `version` from its record's accepted entries unless the chain has settled it (as
+    `krill.coordinator.settle.settle_version` does from the journal's)."""
+    from krill.protocol.rewards import reward_split
+
+    if ctx.chain.version_of(ctx.run_id, version).settled:
+        return
+    pool = ctx.chain.run_of(ctx.run_id).reward_pool
+    split = reward_split(min(ctx.spec.chain.reward_per_version, pool), accepted)
+    if split:
+        ctx.chain.settle(ctx.run_id, version, [a for a, _ in split], [n for _, n in split])
 
 
 def _code(value: str) -> RejectionCode | None:

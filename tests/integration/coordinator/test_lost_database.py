@@ -4,6 +4,7 @@ they did, and a contribution is applied once."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from krill.db.models import Contribution, ContributionStatus
@@ -64,3 +65,41 @@ def test_a_coordinator_on_a_new_database_does_not_fold_published_contributions_a
     assert [f.version for f in coordinator.step()] == [2]
     record = load_record(env.store, env.chain.version_of(env.run_id, 2).record_digest)
     assert [e.commit_id for e in record.accepted] == [fresh, again]
+
+
+def test_a_version_published_but_not_settled_is_settled_on_a_new_database(coordinator_env, monkeypatch):
+    """The loop settles a version right after publishing it, from its journal. A coordinator stopped in
+    between whose database was then lost left that version unsettled for good (its workers unpaid): the
+    new database's journal has no row for it. Adoption settles it from its record, once."""
+    import krill.coordinator.loop as loop
+    from krill.coordinator.loop import Coordinator, LoopOptions
+    from krill.protocol.record import load_record
+    from krill.protocol.rewards import reward_split
+
+    env = coordinator_env(SPEC)
+    for account, who in [env.stake(index) for index in (1, 2)]:
+        header, files = env.produce(who, nonce=0, version=0)
+        env.upload(header, files)
+        env.commit(account, header, version=0)
+    ctx, indexer = _context(env, "first.db")
+
+    def stopped(*_args, **_kwargs):
+        raise KeyboardInterrupt("stopped between publishing and settling")
+
+    monkeypatch.setattr(loop, "settle_version", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step()
+    monkeypatch.undo()
+    assert env.chain.run_of(env.run_id).latest_version == 1 and not env.chain.version_of(env.run_id, 1).settled
+    pool = env.chain.run_of(env.run_id).reward_pool
+    record = load_record(env.store, env.chain.version_of(env.run_id, 1).record_digest)
+    split = reward_split(min(env.spec.chain.reward_per_version, pool), [e.model_dump(mode="json") for e in record.accepted])
+    assert split
+
+    ctx, indexer = _context(env, "second.db")
+    assert Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step() == []
+    assert env.chain.version_of(env.run_id, 1).settled
+    assert env.chain.run_of(env.run_id).reward_pool == pool - sum(n for _, n in split)
+    ctx, indexer = _context(env, "third.db")  # again on another new database: nothing is paid twice
+    assert Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step() == []
+    assert env.chain.run_of(env.run_id).reward_pool == pool - sum(n for _, n in split)
