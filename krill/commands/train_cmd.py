@@ -57,9 +57,7 @@ def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: i
           seed: int, threads: int, summary_path: Path | None) -> None:
     """RL in one process with simulated workers, stale rollouts and robust aggregation."""
     import torch
-    from pydantic import TypeAdapter
 
-    from krill.rl.aggregate import AggregationRule
     from krill.rl.compression import CompressionConfig
     from krill.rl.local_train import LocalTrainConfig, run_local, write_summary
     from krill.rl.optimizer import AdamWConfig
@@ -79,7 +77,7 @@ def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: i
         staleness=StalenessConfig(kind=staleness_weight, max_staleness=max_staleness), stale_gradients=stale_gradients,
         optimizer=AdamWConfig(lr=lr, max_grad_norm=1.0),
         compression=CompressionConfig(density=density, dtype=value_dtype, dense_versions=dense_versions),
-        rule=TypeAdapter(AggregationRule).validate_python({"type": rule}))
+        rule={"type": rule})  # a table, so the config gives it a new run's defaults (`rule_over_run_default`)
     summary = run_local(Path(model_dir), config, echo=click.echo)
     click.echo(f"accuracy {summary['base_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in "
                f"{summary['versions']} versions, {summary['train_seconds']:.0f} s training "

@@ -64,3 +64,25 @@ def test_stale_gradients_need_room_in_the_staleness_bound(tmp_path):
         LocalTrainConfig(stale_gradients=True, staleness=StalenessConfig(max_staleness=0))
     result = CliRunner().invoke(train, ["local", "--stale-gradients", "--max-staleness", "0"])
     assert result.exit_code == 2 and "--stale-gradients needs --max-staleness >= 1" in result.output
+
+
+def test_train_local_from_the_command_line_takes_a_new_runs_rule(tmp_path, monkeypatch):
+    """The CLI's `--rule` is a table, so it gets what a new run's rule gets (fixed-tree reductions, and for
+    clip-mix-trim the non-zero-median clip basis); a built rule object kept the class defaults."""
+    import krill.rl.local_train as local_train
+    from krill.rl.aggregate import default_rule
+
+    seen = {}
+
+    def capture(model_dir, config, echo):
+        seen["rule"] = config.rule
+        raise SystemExit(0)
+
+    monkeypatch.setattr(local_train, "run_local", capture)
+    for rule in ("clip-mix-trim", "trimmed-mean"):
+        result = CliRunner().invoke(train, ["local", "--model", str(tmp_path), "--rule", rule])
+        assert result.exit_code == 0, result.output
+        assert seen["rule"].type == rule and seen["rule"].reductions == default_rule().reductions
+    assert default_rule().reductions != "torch"
+    CliRunner().invoke(train, ["local", "--model", str(tmp_path), "--rule", "clip-mix-trim"])
+    assert seen["rule"].clip_basis == default_rule().clip_basis
