@@ -19,6 +19,8 @@ Design decisions:
   `store.kubo.path`) and, when an override set it, which one (`--set worker.threads`, the variable
   `KRILL_WORKER__THREADS`): an error blamed on the file sends the reader to the wrong place.
 - Validators only validate; nothing rewrites another section.
+- The core never imports a role (STYLE.md), so the worker strategies' names that `worker.behavior`
+  admits are listed here (`WORKER_BEHAVIORS`); the worker's registry checks itself against them.
 - `masked()` renders the effective configuration with secrets (passwords, URL credentials, API
   keys in query strings) replaced, for `krill config show`.
 """
@@ -203,6 +205,15 @@ class _RoleSection(_Section):
     state_dir: Path | None = Field(None, description="Private working state; default $KRILL_HOME/<role>/<address>.")
 
 
+# The names `worker.behavior` admits. The strategies themselves live in the worker's folder
+# (`worker/behaviors.py`), which the core never imports; that module checks at import that its registry
+# has exactly these names, so the two cannot drift apart.
+WORKER_BEHAVIORS: tuple[str, ...] = (
+    "honest", "forge-rewards", "fabricate-rollouts", "lazy", "cherry-pick", "stale-behaviour",
+    "sign-flip", "scale", "noise", "alie", "ipm", "mimic", "copycat", "foreign-signature", "forged-signature",
+    "future-version", "too-stale-version", "withhold")
+
+
 class WorkerConfig(_RoleSection):
     """Settings of `krill worker run`."""
 
@@ -224,10 +235,8 @@ class WorkerConfig(_RoleSection):
     @field_validator("behavior")
     @classmethod
     def _known_behavior(cls, value: str) -> str:
-        from krill.worker.behaviors import BEHAVIORS
-
-        if value not in BEHAVIORS:
-            raise ValueError(f"unknown strategy {value!r}; choose one of {', '.join(sorted(BEHAVIORS))}")
+        if value not in WORKER_BEHAVIORS:
+            raise ValueError(f"unknown strategy {value!r}; choose one of {', '.join(sorted(WORKER_BEHAVIORS))}")
         return value
 
 

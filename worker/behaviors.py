@@ -25,6 +25,9 @@ Design decisions:
 - Copycat re-signs another worker's newest committed payload as its own (a fresh nonce): the
   digest differs, so the contract takes it, and only the assignment gives it away.
 - Randomness of an attack is seeded from (worker, nonce), so a run replays exactly.
+- The names are also listed in the core (`krill.config.WORKER_BEHAVIORS`), which validates
+  `worker.behavior` without importing a role; `check_registry` refuses, at import, a registry
+  that differs from that list.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from krill.config import WORKER_BEHAVIORS
 from krill.errors import ConfigError
 
 if TYPE_CHECKING:  # torch loads only when a strategy runs, not when a config names one
@@ -446,6 +450,19 @@ BEHAVIORS: dict[str, type[Behavior]] = {cls.name: cls for cls in (
     SignFlip, Scale, Noise, Alie, Ipm, Mimic, Copycat, ForeignSignature, ForgedSignature,
     FutureVersion, TooStaleVersion, Withhold)}
 GRADIENT_BEHAVIORS = tuple(n for n, cls in BEHAVIORS.items() if issubclass(cls, GradientAttack))
+
+
+def check_registry(names, listed=WORKER_BEHAVIORS) -> None:
+    """Refuse a registry whose names differ from those the core's `worker.behavior` admits
+    (`krill.config.WORKER_BEHAVIORS`): a strategy missing there could not be configured, and a name
+    there without a strategy would pass validation and fail at start. Checked at import."""
+    if set(names) != set(listed):
+        missing, extra = sorted(set(listed) - set(names)), sorted(set(names) - set(listed))
+        raise RuntimeError(f"worker strategies and krill.config.WORKER_BEHAVIORS differ: not in the registry "
+                           f"{missing}, not in WORKER_BEHAVIORS {extra}")
+
+
+check_registry(BEHAVIORS)
 
 
 def get_behavior(name: str) -> Behavior:

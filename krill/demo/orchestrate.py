@@ -113,11 +113,12 @@ class DemoConfig(BaseModel):
     @field_validator("attacks")
     @classmethod
     def _known_attacks(cls, value: list[str]) -> list[str]:
-        from krill.worker.behaviors import BEHAVIORS
+        from krill.config import WORKER_BEHAVIORS  # the worker's strategies, named in the core
 
-        unknown = [v for v in value if v not in BEHAVIORS or v == "honest"]
+        unknown = [v for v in value if v not in WORKER_BEHAVIORS or v == "honest"]
         if unknown:
-            raise ValueError(f"unknown attack(s) {unknown}; choose from {', '.join(sorted(set(BEHAVIORS) - {'honest'}))}")
+            raise ValueError(f"unknown attack(s) {unknown}; choose from "
+                             f"{', '.join(sorted(set(WORKER_BEHAVIORS) - {'honest'}))}")
         return value
 
 
