@@ -90,11 +90,13 @@ def coordinator() -> None:
 def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir: str | None, fund: float | None,
                    as_json: bool) -> None:
     """Publish the base model and run spec, create the run on-chain and fund its rewards."""
-    from krill.coordinator.create_run import TOKEN, create_run, read_spec_file
+    from krill.coordinator.create_run import TOKEN, check_spec, create_run, read_spec_file
     from krill.runtime import connect_chain, open_configured_store, unlock_identity
 
     config = current_config()
     overrides = read_spec_file(spec_file)
+    source = f"spec file {spec_file}"
+    check_spec(overrides, name=name, num_shards=num_shards, source=source)  # before the password and the upload
     if model_dir is None:
         from krill.model.base import ensure_base_model
 
@@ -103,7 +105,7 @@ def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir:
     chain = connect_chain(config, identity.account)
     with open_configured_store(config) as store:
         created = create_run(chain, store, model_dir, name=name, num_shards=num_shards, overrides=overrides,
-                             fund=None if fund is None else int(round(fund * TOKEN)))
+                             fund=None if fund is None else int(round(fund * TOKEN)), source=source)
     click.echo(json.dumps(created.to_json(), sort_keys=True) if as_json else created.run_id)
 
 

@@ -12,6 +12,10 @@ Design decisions:
   coordinator is the caller (who needs RUN_ADMIN_ROLE: the devnet admin, dev account 0, has it).
 - The new run id is printed and written to $KRILL_HOME/coordinator/run-id, which `krill
   coordinator run` reads when run.id is not configured.
+- The spec file is checked before anything else happens (`check_spec`: every field but those that
+  follow from the published model, which stand in as placeholders), so a typo fails at once, not
+  after the password prompt and the model upload. Its errors are one line naming the file and each
+  key as the TOML spells it (`krill.config.validation_errors`, shared with the configuration's).
 """
 
 from __future__ import annotations
@@ -62,38 +66,88 @@ def default_limits(architecture: dict, spec_data: dict, elements: int) -> dict[s
             "max_grad_bytes": max(1024, elements * 4 + (1 << 20))}
 
 
-def build_spec(name: str, manifest, manifest_cid: str, num_shards: int, overrides: dict[str, Any] | None = None):
-    """The RunSpec of a new run over the published base `manifest`."""
+# Stand-ins for what only the published model gives (`check_spec`): a CID of the right length, and a
+# vocabulary size (the one payload cap without a default; the others' defaults pass their bounds).
+PLACEHOLDER_CID = "b" + "a" * 58
+PLACEHOLDER_LIMITS = {"vocab_size": 1}
+
+
+def _validated(data: dict, source: str, name_flag: str | None):
+    from pydantic import ValidationError
+
+    from krill.config import describe_errors, validation_errors
     from krill.protocol.spec import RunSpec
 
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = validation_errors(exc, RunSpec)
+        if name_flag is not None and any(key == ("name",) for key, _ in errors):  # --name, not the file
+            raise ConfigError(f"--name {name_flag!r}: {describe_errors([e for e in errors if e[0] == ('name',)])}") \
+                from None
+        raise ConfigError(f"{source}: {describe_errors(errors)}") from None
+
+
+def _spec_data(name: str, num_shards: int, overrides: dict[str, Any] | None, source: str) -> dict:
+    """The spec's fields from the file and the flags, less what the published model gives."""
     data = _merge({}, overrides or {})
-    for key in ("base_manifest_cid", "format"):
+    for key in ("base_manifest_cid", "format", "num_shards"):
         if key in data:
-            raise ConfigError(f"spec file: {key} is set by create-run, remove it")
+            raise ConfigError(f"{source}: {key} is set by create-run" + (" (--shards)" if key == "num_shards" else "")
+                              + ", remove it")
+    data.setdefault("name", name)
+    data["num_shards"] = num_shards
+    return data
+
+
+def check_spec(overrides: dict[str, Any] | None, *, name: str = "krill-run", num_shards: int = 2,
+               source: str = "run spec"):
+    """Validate a spec file's tables before anything is published: every key known, every value in
+    bounds, the two staleness bounds agreeing. Returns the spec with placeholders for the base model's
+    CID and the caps that follow from the model; raises `ConfigError` naming `source` and the keys."""
+    data = _spec_data(name, num_shards, overrides, source)
+    name_flag = None if "name" in (overrides or {}) else name
+    limits = data.get("limits", {})
+    draft = {**data, "base_manifest_cid": PLACEHOLDER_CID,
+             "limits": {**PLACEHOLDER_LIMITS, **limits} if isinstance(limits, dict) else limits}
+    spec = _validated(draft, source, name_flag)  # tables that are not tables fail here, before the lookups below
+    chain_s = (data.get("chain") or {}).get("max_staleness")
+    fold_s = (data.get("staleness") or {}).get("max_staleness")
+    if chain_s is not None and fold_s is not None and chain_s != fold_s:
+        raise ConfigError(f"{source}: chain.max_staleness = {chain_s} and staleness.max_staleness = {fold_s} differ")
+    return spec
+
+
+def build_spec(name: str, manifest, manifest_cid: str, num_shards: int, overrides: dict[str, Any] | None = None,
+               source: str = "run spec"):
+    """The RunSpec of a new run over the published base `manifest`."""
+    draft = check_spec(overrides, name=name, num_shards=num_shards, source=source)
+    data = _spec_data(name, num_shards, overrides, source)
     chain_s = data.setdefault("chain", {}).get("max_staleness")
     fold_s = data.setdefault("staleness", {}).get("max_staleness")
-    if chain_s is not None and fold_s is not None and chain_s != fold_s:
-        raise ConfigError(f"spec file: chain.max_staleness = {chain_s} and staleness.max_staleness = {fold_s} differ")
     bound = chain_s if chain_s is not None else fold_s
     if bound is not None:
         data["chain"]["max_staleness"] = data["staleness"]["max_staleness"] = bound
     elements = sum(math.prod(p.shape) for s in manifest.shards for p in s.parameters)
-    data["limits"] = _merge(default_limits(manifest.architecture, data, elements), data.get("limits", {}))
-    data.setdefault("name", name)
-    data["base_manifest_cid"], data["num_shards"] = manifest_cid, num_shards
-    try:
-        return RunSpec.model_validate(data)
-    except ValueError as exc:
-        raise ConfigError(f"run spec: {exc}") from None
+    rollout = {"rollout": draft.rollout.model_dump()}
+    data["limits"] = _merge(default_limits(manifest.architecture, rollout, elements), data.get("limits", {}))
+    data["base_manifest_cid"] = manifest_cid
+    return _validated(data, source, None if "name" in (overrides or {}) else name)
 
 
 def read_spec_file(path: str | Path | None) -> dict[str, Any]:
+    """A spec file's tables; a file that is missing, unreadable, not UTF-8 or not TOML is one `ConfigError`."""
     if path is None:
         return {}
     try:
         return tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"spec file {path} does not exist") from None
+    except OSError as exc:  # a folder, no permission, a device that fails reads
+        raise ConfigError(f"spec file {path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"spec file {path} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                          f"{exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"spec file {path} is not valid TOML: {exc}") from None
 
@@ -116,19 +170,23 @@ class CreatedRun:
 
 
 def create_run(chain, store, model_dir: str | Path, *, name: str = "krill-run", num_shards: int = 2,
-               overrides: dict[str, Any] | None = None, fund: int | None = None, save: bool = True) -> CreatedRun:
-    """Publish `model_dir` and its spec, create the run on-chain (caller = coordinator), fund it."""
+               overrides: dict[str, Any] | None = None, fund: int | None = None, save: bool = True,
+               source: str = "run spec") -> CreatedRun:
+    """Publish `model_dir` and its spec, create the run on-chain (caller = coordinator), fund it.
+
+    `source` names where `overrides` came from in errors (the spec file)."""
     from krill.chain.events import RunCreated
     from krill.chain.types import RunParams
     from krill.model.publish import publish_model_dir
     from krill.protocol.spec import publish_spec
     from krill.store.cid import digest_to_cid
 
+    check_spec(overrides, name=name, num_shards=num_shards, source=source)  # before anything is published
     if not chain.has_role(chain.run_admin_role(), chain.sender):
         raise ConfigError(f"{chain.sender} lacks RUN_ADMIN_ROLE on {chain.address}: create runs with the admin "
                           "account (on a devnet, dev account 0) or have it grant the role")
     manifest, manifest_cid = publish_model_dir(store, model_dir, num_shards)
-    spec = build_spec(name, manifest, manifest_cid, num_shards, overrides)
+    spec = build_spec(name, manifest, manifest_cid, num_shards, overrides, source)
     run_id = publish_spec(store, spec)
     c = spec.chain
     params = RunParams(coordinator=chain.sender, max_staleness=c.max_staleness, attestation_quorum=c.attestation_quorum,

@@ -385,16 +385,20 @@ def _parse_value(dotted: str, text: str) -> Any:
     return value
 
 
-def _union_tags(section: str) -> dict[str, Any]:
-    """The variants of a pluggable section (`store`), by their `type` tag; empty for a plain section."""
-    field = KrillConfig.model_fields.get(section)
-    if field is None:
-        return {}
-    variants = [m for m in _members(field.annotation) if isinstance(m, type) and issubclass(m, BaseModel)
+def _tags_of(annotation: Any) -> dict[str, Any]:
+    """The variants of a pluggable part (a union of models told apart by `type`), by their `type` tag;
+    empty for anything else."""
+    variants = [m for m in _members(annotation) if isinstance(m, type) and issubclass(m, BaseModel)
                 and "type" in m.model_fields]
     if len(variants) < 2:
         return {}
     return {get_args(m.model_fields["type"].annotation)[0]: m for m in variants}
+
+
+def _union_tags(section: str) -> dict[str, Any]:
+    """The variants of a pluggable section (`store`), by their `type` tag; empty for a plain section."""
+    field = KrillConfig.model_fields.get(section)
+    return {} if field is None else _tags_of(field.annotation)
 
 
 def _default_type(section: str) -> Any:
@@ -417,13 +421,33 @@ def _apply_layer(data: dict, items: list[tuple[str, Any, str]], origins: dict[tu
         origins[tuple(p for p in dotted.split(".") if p)] = origin
 
 
-def _error_key(loc: tuple) -> tuple[str, ...]:
-    """A validation error's location as the file spells the key: without pydantic's union tag (`store.kubo.path`
-    is `store.path`)."""
-    parts = tuple(str(p) for p in loc)
-    if len(parts) > 1 and parts[1] in _union_tags(parts[0]):
-        parts = parts[:1] + parts[2:]
-    return parts
+def _error_key(loc: tuple, model: type[BaseModel] = KrillConfig) -> tuple[str, ...]:
+    """A validation error's location in `model` as the file spells the key: without pydantic's union tags
+    (`store.kubo.path` is `store.path`, a run spec's `rule.trimmed-mean.bogus` is `rule.bogus`)."""
+    parts = [str(p) for p in loc]
+    key: list[str] = []
+    models: list[Any] = [model]
+    while parts:
+        part = parts.pop(0)
+        key.append(part)
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        tags = {t: v for f in fields for t, v in _tags_of(f.annotation).items()}
+        if tags and parts and parts[0] in tags:
+            models = [tags[parts.pop(0)]]
+        else:
+            models = [m for f in fields for m in _members(f.annotation) if isinstance(m, type) and issubclass(m, BaseModel)]
+    return tuple(key)
+
+
+def validation_errors(exc: ValidationError, model: type[BaseModel] = KrillConfig) -> list[tuple[tuple[str, ...], str]]:
+    """Each error of `exc` (raised validating `model`) as (its key as a TOML file spells it, its message without
+    pydantic's decoration), for one-line errors that send the reader to the right key."""
+    return [(_error_key(e["loc"], model), e["msg"].removeprefix("Value error, ")) for e in exc.errors()]
+
+
+def describe_errors(errors: list[tuple[tuple[str, ...], str]]) -> str:
+    """`validation_errors` as one line: `key: message; ...` (a whole-model error has no key)."""
+    return "; ".join(f"{'.'.join(key)}: {message}" if key else message for key, message in errors)
 
 
 def _error_origin(key: tuple[str, ...], origins: dict[tuple[str, ...], str]) -> str | None:
@@ -491,12 +515,10 @@ def load_config(path: Path | str | None = None, overrides: list[str] | tuple[str
         return KrillConfig.model_validate(data)
     except ValidationError as exc:
         lines, from_file = [], False
-        for e in exc.errors():
-            key = _error_key(e["loc"])
+        for key, message in validation_errors(exc):
             origin = _error_origin(key, origins)
             from_file = from_file or origin is None
-            message = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{'.'.join(key)}: {message}" + (f" (from {origin})" if origin else ""))
+            lines.append(describe_errors([(key, message)]) + (f" (from {origin})" if origin else ""))
         where = f" in {path}" if path and from_file else ""
         raise ConfigError(f"invalid configuration{where}: {'; '.join(lines)}") from None
 
