@@ -58,26 +58,26 @@ def demo(summary_path, minutes, versions, workers, adversaries, verifiers, workd
 
         from krill.config import krill_home
         from krill.demo.disk import earlier_demos, gigabytes
-        from krill.demo.orchestrate import DemoConfig, run_demo
+        from krill.demo.orchestrate import DemoConfig, check_spec, run_demo
         from krill.errors import ConfigError
 
         if adversaries > workers:
             raise ConfigError(f"--adversaries {adversaries} exceeds --workers {workers}")
         try:
             overrides = tomllib.loads(Path(spec_file).read_text(encoding="utf-8")) if spec_file else {}
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        except OSError as exc:  # a device that fails reads, no permission
+            raise ConfigError(f"--spec {spec_file} cannot be read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--spec {spec_file} is not valid TOML: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from None
+        except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"--spec {spec_file} is not valid TOML: {exc}") from None
-        from krill.demo.orchestrate import DEMO_SPEC
-
-        for table in sorted(set(overrides) & (set(DEMO_SPEC) | {"version"})):
-            if not isinstance(overrides[table], dict):
-                raise ConfigError(f"--spec {spec_file}: `{table}` must be a table ([{table}] ...), "
-                                  f"not {type(overrides[table]).__name__}")
         config = DemoConfig(workers=workers, adversaries=adversaries, verifiers=verifiers, minutes=minutes,
                             versions=versions, spec_overrides=overrides,
                             model_dir=Path(model_dir) if model_dir else None,
                             explorer_port=None if no_explorer else explorer_port, serve=serve,
                             fresh_gradients=not pipelined)
+        check_spec(config, f"--spec {spec_file}" if spec_file else "the demo's run spec")  # before anything starts
         where = Path(workdir) if workdir else krill_home() / "demo" / time.strftime("%Y%m%d-%H%M%S")
         console.print(f"[bold]krill demo[/bold] in {where}")
         earlier = None if workdir else earlier_demos(where.parent, where)

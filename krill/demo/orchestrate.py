@@ -23,6 +23,8 @@ Design decisions:
 - The release audits only the versions the demo audits anyway (`release --audit-last`, from
   `audit_last`; 0 releases `--unaudited`): auditing all 400 versions took about 7 minutes on a
   loaded 2-core machine, doubling the demo. The release's card names the versions not audited.
+- The spec overrides are checked before anything starts (`check_spec`, as `create-run` checks its
+  spec file), so a typo is not found after the model, Anvil and the keystores are set up.
 - The explorer is reported only once it serves (`krill.demo.explorer`); a busy `--explorer-port`
   fails the demo before anything starts, and an explorer that dies is named with its log and left
   out of the summary, while training goes on.
@@ -133,6 +135,43 @@ def demo_spec(config: DemoConfig) -> dict:
     return out
 
 
+# Stand-ins for what only the published base model gives, as `krill coordinator create-run` checks its spec
+# file: a CID of the right length and a vocabulary size (the payload caps' one field without a default).
+PLACEHOLDER_CID = "b" + "a" * 58
+PLACEHOLDER_LIMITS = {"vocab_size": 1}
+
+
+def check_spec(config: DemoConfig, source: str = "spec overrides") -> None:
+    """Refuse spec overrides the demo's `create-run` would refuse, before anything starts (`krill demo --spec`
+    with a typo failed only after the model, Anvil and the keystores were set up). Raises `ConfigError`
+    naming `source` and each key as the TOML spells it (`krill.config.validation_errors`)."""
+    from pydantic import ValidationError
+
+    from krill.config import describe_errors, validation_errors
+    from krill.errors import ConfigError
+    from krill.protocol.spec import RunSpec
+
+    overrides = config.spec_overrides
+    for table in sorted(set(overrides) & (set(DEMO_SPEC) | {"version"})):  # `demo_spec` merges these table-wise
+        if not isinstance(overrides[table], dict):
+            raise ConfigError(f"{source}: `{table}` must be a table ([{table}] ...), "
+                              f"not {type(overrides[table]).__name__}")
+    for key in ("base_manifest_cid", "format", "num_shards"):
+        if key in overrides:
+            raise ConfigError(f"{source}: {key} is set by create-run, remove it")
+    data = {"name": "krill-demo", **demo_spec(config), "num_shards": config.shards,
+            "base_manifest_cid": PLACEHOLDER_CID}
+    limits = data.get("limits", {})
+    data["limits"] = {**PLACEHOLDER_LIMITS, **limits} if isinstance(limits, dict) else limits
+    try:
+        RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_errors(validation_errors(exc, RunSpec))}") from None
+    chain_s, fold_s = (overrides.get(t, {}).get("max_staleness") for t in ("chain", "staleness"))
+    if chain_s is not None and fold_s is not None and chain_s != fold_s:  # create-run couples the two bounds
+        raise ConfigError(f"{source}: chain.max_staleness = {chain_s} and staleness.max_staleness = {fold_s} differ")
+
+
 def spec_compression(config: DemoConfig):
     """The `CompressionConfig` the demo's run will have, as `create-run` builds the spec: the spec's
     compression table, if any, read over the run default (`krill.rl.run_defaults.over_run_default`)."""
@@ -202,6 +241,7 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
     from krill.keystore import KdfCost, create_keystore
     from krill.model.base import ensure_base_model
 
+    check_spec(config)  # before anything starts
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     home = workdir / "home"
