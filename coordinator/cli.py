@@ -32,12 +32,18 @@ from krill.commands.context import current_config
 
 
 def _shards(text: str | None) -> list[int] | None:
+    """`--shards 0,1`, refused as `coordinator.shards` is (`krill.config`): a shard named twice, or none."""
     if text is None:
         return None
     try:
-        return sorted({int(x) for x in text.split(",") if x.strip()})
+        shards = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"{text!r}: expected shard numbers separated by commas, e.g. 0,1") from None
+    if not shards:
+        raise click.BadParameter(f"{text!r}: must name at least one shard (leave it out for all)")
+    if len(set(shards)) != len(shards):
+        raise click.BadParameter(f"{text!r}: names a shard twice: {sorted({s for s in shards if shards.count(s) > 1})}")
+    return sorted(shards)
 
 
 @contextlib.contextmanager
@@ -110,8 +116,9 @@ def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir:
 
 
 @coordinator.command("run")
-@click.option("--shards", "shards_text", help="Shards to serve, e.g. 0,1 (default: coordinator.shards, else all).")
-def run_cmd(shards_text: str | None) -> None:
+@click.option("--shards", "shards", callback=lambda ctx, param, value: _shards(value),
+              help="Shards to serve, e.g. 0,1 (default: coordinator.shards, else all).")
+def run_cmd(shards: list[int] | None) -> None:
     """Index, validate, fold, publish, settle and slash until stopped (or coordinator.max_versions)."""
     from krill.coordinator.context import open_run_context
     from krill.coordinator.loop import FAULTS, Coordinator, LoopOptions
@@ -127,7 +134,7 @@ def run_cmd(shards_text: str | None) -> None:
         received = stack.enter_context(graceful_signals(stop))
         while True:
             try:
-                ctx = open_run_context(config, stack, _shards(shards_text))
+                ctx = open_run_context(config, stack, shards)
                 break
             except FAULTS as exc:
                 delay = min(delay * 2, section.max_backoff_s)
