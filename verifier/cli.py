@@ -13,11 +13,19 @@ Design decisions:
   commits), and says which command fixes it. Reaching the chain or store at start-up is
   retried with the same capped back-off as the loop itself. On a terminal a progress bar of
   attestations sits under the status lines (`krill.progress`).
+- SIGTERM stops `run` as Ctrl-C does (`stop_on_signals`: KeyboardInterrupt, the loop's summary line,
+  the state closed); it used to end the process where it stood. The first signal puts back the
+  default actions, so a second one (`timeout -k`, a service manager's, another Ctrl-C) ends the
+  process at once without a traceback: a second Ctrl-C landing in an interpreter exit hook printed
+  `Exception ignored in atexit callback ... KeyboardInterrupt`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
+from collections.abc import Iterator
 
 import click
 
@@ -31,6 +39,30 @@ def verifier() -> None:
 
 
 add_common_commands(verifier, "verifier")
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Within the block, the first of `signums` raises KeyboardInterrupt (as Ctrl-C does), and puts back
+    every one's default action, so a second signal ends the process at once, wherever it is, without a
+    traceback; the previous handlers come back on leaving only if no signal came. Main thread only."""
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    fired: list[int] = []
+
+    def interrupt(signum: int, frame) -> None:
+        fired.append(signum)
+        for s in signums:
+            signal.signal(s, signal.SIG_DFL)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in signums:
+        signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        if not fired:
+            for signum, old in previous.items():
+                signal.signal(signum, signal.SIG_DFL if old is None else old)
 
 
 def _connect(config, echo, prompt=None):
@@ -80,9 +112,10 @@ def run(max_attestations: int | None) -> None:
     from krill.commands.context import current_config
     from krill.progress import LineProgress
 
-    config = current_config()
-    with LineProgress("attested", total=max_attestations) as bar:
-        _run(config, bar, max_attestations)
+    with stop_on_signals():
+        config = current_config()
+        with LineProgress("attested", total=max_attestations) as bar:
+            _run(config, bar, max_attestations)
 
 
 def _run(config, bar, max_attestations: int | None) -> None:

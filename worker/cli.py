@@ -9,9 +9,18 @@ Design decisions:
   commands in a small group with those options (`main`), so the role also runs on its own.
 - Status lines go to stdout as they happen, one per contribution; on a terminal a progress bar
   sits under them (`krill.progress`), elsewhere the output is exactly the lines.
+- SIGTERM stops `run` as Ctrl-C does (`stop_on_signals`: KeyboardInterrupt, the state is saved and
+  the worker says so). The first signal puts back the default actions, so a second one (`timeout
+  -k`, a service manager's, another Ctrl-C) ends the process at once without a traceback: the
+  handler used to stay and raise KeyboardInterrupt again, which, landing in an interpreter exit
+  hook, printed `Exception ignored in atexit callback ... KeyboardInterrupt`.
 """
 
 from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
 
 import click
 
@@ -20,6 +29,30 @@ from krill.errors import KrillError
 from krill.worker.behaviors import BEHAVIORS
 
 BEHAVIOR_NAMES = sorted(BEHAVIORS)
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Within the block, the first of `signums` raises KeyboardInterrupt (as Ctrl-C does), and puts back
+    every one's default action, so a second signal ends the process at once, wherever it is, without a
+    traceback; the previous handlers come back on leaving only if no signal came. Main thread only."""
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    fired: list[int] = []
+
+    def interrupt(signum: int, frame) -> None:
+        fired.append(signum)
+        for s in signums:
+            signal.signal(s, signal.SIG_DFL)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in signums:
+        signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        if not fired:
+            for signum, old in previous.items():
+                signal.signal(signum, signal.SIG_DFL if old is None else old)
 
 
 @click.group("worker")
@@ -37,17 +70,16 @@ add_common_commands(worker, "worker")
               help="Stop after this many commits (default: worker.max_contributions, else run on).")
 def run(behavior: str | None, max_contributions: int | None) -> None:
     """Watch the run's versions, sample, learn, sign, upload and commit contributions."""
-    import signal
+    with stop_on_signals():
+        _run(behavior, max_contributions)
 
+
+def _run(behavior: str | None, max_contributions: int | None) -> None:
     from krill.commands.context import current_config
     from krill.commands.role_cmds import password_prompt
     from krill.progress import LineProgress
     from krill.worker.runner import run_worker
 
-    def _terminate(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
     config = current_config()
     limit = max_contributions if max_contributions is not None else config.worker.max_contributions
     committed = 0
