@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from krill.chain import errors as E
 from krill.errors import ContractRevert, KrillError
+from krill.protocol.evidence import Evidence, publish_evidence
 from krill.verifier import select
-from krill.verifier.evidence import Evidence, publish_evidence
 from krill.verifier.replay import ReplayResult
 from krill.verifier.state import Job
 

@@ -318,9 +318,9 @@ class VerifierLoop:
             return None
         if job.commit_id in self._named_shards:
             return self._named_shards[job.commit_id]
+        from krill.protocol.evidence import load_evidence
         from krill.store.cid import digest_to_cid
         from krill.store.fetcher import PASS_WAIT_S
-        from krill.verifier.evidence import load_evidence
 
         cid, store, key = digest_to_cid(job.failing_evidence), self.store, job.commit_id
         if self._evidence.submit((job.corroborates or "").lower(), key, lambda: load_evidence(store, cid)):

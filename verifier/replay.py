@@ -55,10 +55,10 @@ from krill.errors import (
     StoreError,
 )
 from krill.payload.errors import DigestMismatchError, PayloadTooLargeError, SchemaError, ValueRangeError
+from krill.protocol.evidence import CheckRecord, check_record
 from krill.protocol.work import CheckOutcome
 from krill.store.cid import InvalidCIDError
 from krill.store.fetcher import Fetcher
-from krill.verifier.evidence import CheckRecord, check_record
 from krill.verifier.select import gradient_shard
 from krill.verifier.state import Job
 

@@ -238,9 +238,9 @@ def evidence_rows(result: DemoResult) -> list[dict]:
 
     from krill.db.models import Commit, Verdict
     from krill.db.session import open_database
+    from krill.protocol.evidence import load_evidence
     from krill.store.cid import digest_to_cid
     from krill.store.local import LocalStore
-    from krill.verifier.evidence import load_evidence
 
     store = LocalStore(result.workdir / "store")
     with open_database(result.db_url) as db, db.session() as s:

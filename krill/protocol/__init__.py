@@ -1,4 +1,4 @@
-"""The protocol's public, shared definitions: run spec, masks, version step, aggregation record.
+"""The protocol's public, shared definitions: run spec, masks, version step, aggregation record, evidence.
 
 Everything here is a deterministic function of public data (chain + store), so the coordinator,
 the verifiers, the workers and any auditor compute the same results from it. Roles import these;

@@ -10,10 +10,10 @@ from krill.chain import errors as E
 from krill.chain.deploy import TOKEN
 from krill.chain.events import Slashed
 from krill.chain.types import Role
+from krill.protocol.evidence import load_evidence
 from krill.protocol.spec import ChainSpec
 from krill.store.cid import digest_to_cid
 from krill.verifier import select
-from krill.verifier.evidence import load_evidence
 from krill.verifier.state import ATTESTED, CORROBORATING, SELECTED
 
 SECOND = 5  # a second verifier account (the run env stakes VERIFIER only)

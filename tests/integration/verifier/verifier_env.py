@@ -26,12 +26,12 @@ from krill.chain.types import Role, RunParams
 from krill.model.build import TinyModelSpec, build_tiny_model
 from krill.model.publish import publish_model_dir
 from krill.payload.limits import PayloadLimits
+from krill.protocol.evidence import load_evidence
 from krill.protocol.spec import ChainSpec, RolloutSpec, RunSpec, publish_spec
 from krill.rl.compression import CompressionConfig
 from krill.store.cid import digest_to_cid
 from krill.store.local import LocalStore
 from krill.verifier.attest import Who
-from krill.verifier.evidence import load_evidence
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.state import ATTESTED, PENDING, VerifierState
 

@@ -14,9 +14,9 @@ import pytest
 import krill.verifier.loop as loop_module
 from krill.chain.events import Attested, Committed
 from krill.errors import ChainUnavailableError
+from krill.protocol.evidence import Evidence, check_record, load_evidence, publish_evidence
 from krill.store.cid import digest_to_cid
 from krill.verifier.attest import Who
-from krill.verifier.evidence import Evidence, check_record, load_evidence, publish_evidence
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.replay import ReplayResult
 from krill.verifier.state import ATTESTED, CORROBORATING, SELECTED, SKIPPED, FailingVerdict, VerifierState

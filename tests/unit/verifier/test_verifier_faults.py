@@ -17,10 +17,10 @@ import krill.verifier.loop as loop_module
 from krill.errors import ContentNotFoundError, ContractRevert, StoreError, StoreUnavailableError
 from krill.payload.header import HeaderBody
 from krill.payload.limits import PayloadLimits
+from krill.protocol.evidence import check_record
 from krill.store.cid import digest_to_cid, file_cid
 from krill.store.fetcher import Fetcher
 from krill.verifier.attest import Who
-from krill.verifier.evidence import check_record
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.replay import Policies, Replayer, ReplayResult, RunDataUnavailable, _Run
 from krill.verifier.state import ATTESTED, ERROR, MISSED, PENDING, Job, VerifierState

@@ -13,9 +13,9 @@ import pytest
 
 import krill.verifier.loop as loop_module
 from krill.chain.events import Committed
+from krill.protocol.evidence import check_record
 from krill.store.cid import digest_to_cid
 from krill.verifier.attest import Who
-from krill.verifier.evidence import check_record
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.replay import ReplayResult
 from krill.verifier.state import ATTESTED, ERROR, PENDING, Job, VerifierState

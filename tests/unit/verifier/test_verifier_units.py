@@ -9,9 +9,7 @@ import pytest
 
 from krill.errors import ConfigError
 from krill.payload.canonical import parse_canonical
-from krill.store.cid import digest_to_cid
-from krill.store.local import LocalStore
-from krill.verifier.evidence import (
+from krill.protocol.evidence import (
     MAX_DETAIL,
     Evidence,
     check_record,
@@ -19,6 +17,8 @@ from krill.verifier.evidence import (
     load_evidence,
     publish_evidence,
 )
+from krill.store.cid import digest_to_cid
+from krill.store.local import LocalStore
 from krill.verifier.select import can_still_attest, gradient_shard, last_block, unavailable_after
 from krill.verifier.state import ATTESTED, MISSED, PENDING, SKIPPED, Job, VerifierState
 
