@@ -12,12 +12,17 @@ Design decisions:
 - The password comes from the configuration (KRILL_KEYSTORE__PASSWORD) or, interactively, a prompt
   that the CLI layer supplies; long-running roles never prompt on their own.
 - Heavy imports (web3, torch) happen inside the functions.
+- SIGTERM stops a worker or verifier as Ctrl-C does (`stop_on_signals`): the first signal raises
+  KeyboardInterrupt and restores the default actions, so a second one ends the process at once
+  without a traceback from an exit hook. The coordinator has its own graceful stop (it finishes the
+  version under way), so it does not use this.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -181,3 +186,27 @@ def freeze_heap() -> None:
     _HEAP_FROZEN = True
     gc.collect()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
+    """Within the block, the first of `signums` raises KeyboardInterrupt (as Ctrl-C does), and puts back
+    every one's default action, so a second signal ends the process at once, wherever it is, without a
+    traceback; the previous handlers come back on leaving only if no signal came. Main thread only."""
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    fired: list[int] = []
+
+    def interrupt(signum: int, frame) -> None:
+        fired.append(signum)
+        for s in signums:
+            signal.signal(s, signal.SIG_DFL)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in signums:
+        signal.signal(signum, interrupt)
+    try:
+        yield
+    finally:
+        if not fired:
+            for signum, old in previous.items():
+                signal.signal(signum, signal.SIG_DFL if old is None else old)

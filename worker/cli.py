@@ -18,41 +18,14 @@ Design decisions:
 
 from __future__ import annotations
 
-import contextlib
-import signal
-from collections.abc import Iterator
-
 import click
 
 from krill.commands.role_cmds import add_common_commands
 from krill.errors import KrillError
+from krill.runtime import stop_on_signals
 from krill.worker.behaviors import BEHAVIORS
 
 BEHAVIOR_NAMES = sorted(BEHAVIORS)
-
-
-@contextlib.contextmanager
-def stop_on_signals(signums: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
-    """Within the block, the first of `signums` raises KeyboardInterrupt (as Ctrl-C does), and puts back
-    every one's default action, so a second signal ends the process at once, wherever it is, without a
-    traceback; the previous handlers come back on leaving only if no signal came. Main thread only."""
-    previous = {signum: signal.getsignal(signum) for signum in signums}
-    fired: list[int] = []
-
-    def interrupt(signum: int, frame) -> None:
-        fired.append(signum)
-        for s in signums:
-            signal.signal(s, signal.SIG_DFL)
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for signum in signums:
-        signal.signal(signum, interrupt)
-    try:
-        yield
-    finally:
-        if not fired:
-            for signum, old in previous.items():
-                signal.signal(signum, signal.SIG_DFL if old is None else old)
 
 
 @click.group("worker")

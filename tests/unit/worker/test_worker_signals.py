@@ -56,7 +56,7 @@ def test_a_second_signal_ends_the_worker_without_a_traceback(tmp_path, sig):
 
 
 def test_the_handlers_come_back_when_no_signal_came():
-    from krill.worker.cli import stop_on_signals
+    from krill.runtime import stop_on_signals
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with stop_on_signals():
