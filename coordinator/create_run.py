@@ -66,12 +66,6 @@ def default_limits(architecture: dict, spec_data: dict, elements: int) -> dict[s
             "max_grad_bytes": max(1024, elements * 4 + (1 << 20))}
 
 
-# Stand-ins for what only the published model gives (`check_spec`): a CID of the right length, and a
-# vocabulary size (the one payload cap without a default; the others' defaults pass their bounds).
-PLACEHOLDER_CID = "b" + "a" * 58
-PLACEHOLDER_LIMITS = {"vocab_size": 1}
-
-
 def _validated(data: dict, source: str, name_flag: str | None):
     from pydantic import ValidationError
 
@@ -105,16 +99,14 @@ def check_spec(overrides: dict[str, Any] | None, *, name: str = "krill-run", num
     """Validate a spec file's tables before anything is published: every key known, every value in
     bounds, the two staleness bounds agreeing. Returns the spec with placeholders for the base model's
     CID and the caps that follow from the model; raises `ConfigError` naming `source` and the keys."""
+    from krill.protocol.spec import draft_with_placeholders, staleness_clash
+
     data = _spec_data(name, num_shards, overrides, source)
     name_flag = None if "name" in (overrides or {}) else name
-    limits = data.get("limits", {})
-    draft = {**data, "base_manifest_cid": PLACEHOLDER_CID,
-             "limits": {**PLACEHOLDER_LIMITS, **limits} if isinstance(limits, dict) else limits}
-    spec = _validated(draft, source, name_flag)  # tables that are not tables fail here, before the lookups below
-    chain_s = (data.get("chain") or {}).get("max_staleness")
-    fold_s = (data.get("staleness") or {}).get("max_staleness")
-    if chain_s is not None and fold_s is not None and chain_s != fold_s:
-        raise ConfigError(f"{source}: chain.max_staleness = {chain_s} and staleness.max_staleness = {fold_s} differ")
+    spec = _validated(draft_with_placeholders(data), source, name_flag)  # tables that are not tables fail here
+    clash = staleness_clash(data)
+    if clash:
+        raise ConfigError(f"{source}: {clash}")
     return spec
 
 

@@ -135,12 +135,6 @@ def demo_spec(config: DemoConfig) -> dict:
     return out
 
 
-# Stand-ins for what only the published base model gives, as `krill coordinator create-run` checks its spec
-# file: a CID of the right length and a vocabulary size (the payload caps' one field without a default).
-PLACEHOLDER_CID = "b" + "a" * 58
-PLACEHOLDER_LIMITS = {"vocab_size": 1}
-
-
 def check_spec(config: DemoConfig, source: str = "spec overrides") -> None:
     """Refuse spec overrides the demo's `create-run` would refuse, before anything starts (`krill demo --spec`
     with a typo failed only after the model, Anvil and the keystores were set up). Raises `ConfigError`
@@ -149,7 +143,7 @@ def check_spec(config: DemoConfig, source: str = "spec overrides") -> None:
 
     from krill.config import describe_errors, validation_errors
     from krill.errors import ConfigError
-    from krill.protocol.spec import RunSpec
+    from krill.protocol.spec import RunSpec, draft_with_placeholders, staleness_clash
 
     overrides = config.spec_overrides
     for table in sorted(set(overrides) & (set(DEMO_SPEC) | {"version"})):  # `demo_spec` merges these table-wise
@@ -159,17 +153,14 @@ def check_spec(config: DemoConfig, source: str = "spec overrides") -> None:
     for key in ("base_manifest_cid", "format", "num_shards"):
         if key in overrides:
             raise ConfigError(f"{source}: {key} is set by create-run, remove it")
-    data = {"name": "krill-demo", **demo_spec(config), "num_shards": config.shards,
-            "base_manifest_cid": PLACEHOLDER_CID}
-    limits = data.get("limits", {})
-    data["limits"] = {**PLACEHOLDER_LIMITS, **limits} if isinstance(limits, dict) else limits
     try:
-        RunSpec.model_validate(data)
+        RunSpec.model_validate(draft_with_placeholders({"name": "krill-demo", **demo_spec(config),
+                                                        "num_shards": config.shards}))
     except ValidationError as exc:
         raise ConfigError(f"{source}: {describe_errors(validation_errors(exc, RunSpec))}") from None
-    chain_s, fold_s = (overrides.get(t, {}).get("max_staleness") for t in ("chain", "staleness"))
-    if chain_s is not None and fold_s is not None and chain_s != fold_s:  # create-run couples the two bounds
-        raise ConfigError(f"{source}: chain.max_staleness = {chain_s} and staleness.max_staleness = {fold_s} differ")
+    clash = staleness_clash(overrides)  # the overrides' own bounds: create-run couples the two
+    if clash:
+        raise ConfigError(f"{source}: {clash}")
 
 
 def spec_compression(config: DemoConfig):

@@ -231,3 +231,26 @@ def load_spec(store, run_id: bytes) -> RunSpec:
     if spec.encode() != data:
         raise PayloadError("run spec is not in canonical form", field="run_spec")
     return spec
+
+
+# Stand-ins for what only the published base model gives, so a spec file can be checked before the
+# model is published (`krill coordinator create-run`, `krill demo --spec`): a CID of the right length
+# and a vocabulary size (the payload caps' one field without a default).
+PLACEHOLDER_CID = "b" + "a" * 58
+PLACEHOLDER_LIMITS = {"vocab_size": 1}
+
+
+def draft_with_placeholders(data: dict) -> dict:
+    """A spec's tables with the base model's CID and vocabulary standing in, ready to validate."""
+    limits = data.get("limits", {})
+    return {**data, "base_manifest_cid": PLACEHOLDER_CID,
+            "limits": {**PLACEHOLDER_LIMITS, **limits} if isinstance(limits, dict) else limits}
+
+
+def staleness_clash(data: dict) -> str | None:
+    """The error of a spec whose two staleness bounds (the contract's `chain.max_staleness`, the fold's
+    `staleness.max_staleness`) are both given and differ; create-run couples them. None: they agree."""
+    chain_s, fold_s = ((data.get(t) or {}).get("max_staleness") for t in ("chain", "staleness"))
+    if chain_s is not None and fold_s is not None and chain_s != fold_s:
+        return f"chain.max_staleness = {chain_s} and staleness.max_staleness = {fold_s} differ"
+    return None
