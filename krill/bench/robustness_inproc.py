@@ -96,12 +96,15 @@ SIZES: dict[str, GridSize] = {
 }
 
 
-def make_rule(name: str):
+def make_rule(name: str, new_run: bool = False):
+    """Rule `name` with its class defaults (the training cells, as their recorded results were made), or
+    as a new run's spec gets it (`new_run`: fixed-tree reductions, clip-mix-trim's non-zero-median basis)."""
     from pydantic import TypeAdapter
 
-    from krill.rl.aggregate import AggregationRule
+    from krill.rl.aggregate import AggregationRule, rule_over_run_default
 
-    return TypeAdapter(AggregationRule).validate_python({"type": name})
+    table = {"type": name}
+    return TypeAdapter(AggregationRule).validate_python(rule_over_run_default(table) if new_run else table)
 
 
 class AttackedTrainer(LocalTrainer):
@@ -214,7 +217,8 @@ def staleness_grid(model_dir: Path, size: GridSize, echo: Callable[[str], None])
 
 
 def aggregation_timing(size: GridSize, echo: Callable[[str], None]) -> list[dict]:
-    """Median seconds per aggregation for each n x d x rule (all five rules; mean is the reference)."""
+    """Median seconds per aggregation for each n x d x rule (all five rules, each as a new run's spec gets
+    it; mean is the reference)."""
     from krill.rl.aggregate import aggregate
 
     rows = []
@@ -226,7 +230,7 @@ def aggregation_timing(size: GridSize, echo: Callable[[str], None]) -> list[dict
             w = torch.ones(n, dtype=torch.float64)
             cell = {}
             for rule_name in RULES:
-                rule, times = make_rule(rule_name), []
+                rule, times = make_rule(rule_name, new_run=True), []
                 while len(times) < size.timing_repeats and (not times or sum(times) < size.timing_budget_s):
                     start = time.perf_counter()
                     aggregate(x, w, rule)
@@ -234,7 +238,8 @@ def aggregation_timing(size: GridSize, echo: Callable[[str], None]) -> list[dict
                 cell[rule_name] = (statistics.median(times), len(times))
             for rule_name, (seconds, repeats) in cell.items():
                 rows.append({"n": n, "d": d, "rule": rule_name, "seconds": seconds, "repeats": repeats,
-                             "vs_mean": seconds / cell["mean"][0]})
+                             "vs_mean": seconds / cell["mean"][0],
+                             "reductions": make_rule(rule_name, new_run=True).reductions})
             echo(f"aggregation n {n:3d}  d {d:>9,d}  " + "  ".join(f"{r} {1000 * s:.0f} ms" for r, (s, _) in cell.items()))
             del x
     return rows

@@ -41,6 +41,8 @@ def test_aggregate_tiny_times_every_rule_and_agrees_with_the_references(tmp_path
     assert cells == {(8, 4096), (16, 4096)}
     for row in data["timing"]:
         assert row["seconds"] > 0 and math.isfinite(row["vs_mean"])
+        assert row["reductions"] == "fixed-tree"  # each rule as a new run's spec gets it, what its coordinator pays
+    assert "reductions: fixed-tree" in (tmp_path / "aggregate-tiny.md").read_text()
     assert {row["rule"] for row in data["timing"]} == {"mean", "median", "trimmed-mean", "clip-mix-trim",
                                                         "centered-clipping"}
     assert data["all_agree"] and {row["rule"] for row in data["agreement"]} == {"trimmed-mean", "median"}
