@@ -7,7 +7,10 @@ Design decisions:
   shard. Requires-grad flags are restored afterwards, so the model is left as found.
 - Sequences whose advantage is zero contribute nothing to the loss; they are skipped in the
   pass, but the loss is still divided by all completion tokens of the batch, so the gradient
-  is exactly that of the full token-normalised loss.
+  is exactly that of the full token-normalised loss. With a KL term (`kl_coef > 0` and a
+  reference model) every sequence counts: the penalty pulls on each token whatever its
+  advantage, and skipping the flat groups dropped their share of it (the gradient was not that
+  of the documented loss, and a batch of flat groups gave no gradient at all).
 - The pass shares each distinct prompt's forward among its samples
   (`krill.rl.batch.completion_logprobs`): the same loss, about half the compute at G = 8.
 - Gradients are returned as fresh float32 tensors keyed by parameter name (the shard's own
@@ -62,7 +65,8 @@ def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torc
     params = dict(model.named_parameters())
     wanted = check_inputs(params, shards, rollouts, advantages)
     total_tokens = rollouts.num_completion_tokens
-    rows = torch.nonzero(advantages != 0).flatten()
+    with_kl = ref_model is not None and config.kl_coef > 0
+    rows = torch.arange(len(rollouts)) if with_kl else torch.nonzero(advantages != 0).flatten()
     grads: dict[int, dict[str, torch.Tensor]] = {s: {} for s in shards}
     if len(rows) == 0:
         for name, shard in wanted.items():
@@ -81,7 +85,7 @@ def shard_gradients(model: torch.nn.Module, rollouts: Rollouts, advantages: torc
         batch = completion_batch(rollouts, pad_id, rows)
         logp = completion_logprobs(model, batch, config.temperature)
         ref = None
-        if ref_model is not None and config.kl_coef > 0:
+        if with_kl:
             with torch.no_grad():
                 ref = completion_logprobs(ref_model, batch, config.temperature)
         loss, stats = policy_loss(logp, batch.behaviour, advantages[rows], batch.mask, config,

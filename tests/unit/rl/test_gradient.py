@@ -67,3 +67,31 @@ def test_loss_decreases_on_a_fixed_batch(model):
         losses.append(result.loss)
         opt.step(result.grads[0])
     assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_kl_term_counts_the_sequences_of_flat_groups_too(model):
+    """The KL penalty pulls on every token: a flat group (zero advantage) still carries its share, so
+    shard_gradients may not skip it when the loss has a KL term."""
+    from rl_tiny import tiny_llama
+
+    ref = tiny_llama(seed=1)
+    rollouts, adv = _batch(model)
+    shards = two_shards(model)
+    config = LossConfig(kl_coef=0.5)
+    for flat in (slice(G, None), slice(None)):  # one flat group; every group flat
+        adv = adv.clone()
+        adv[flat] = 0.0
+        result = shard_gradients(model, rollouts, adv, shards, config, pad_id=PAD, ref_model=ref)
+        batch = learner_batch(rollouts, PAD)
+        model.zero_grad()
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref, batch)
+        loss, _ = policy_loss(token_logprobs(model, batch), batch.behaviour, adv, batch.mask, config,
+                              ref_logprobs=ref_logp)
+        loss.backward()
+        assert abs(result.loss - float(loss.detach())) < 1e-6
+        params = dict(model.named_parameters())
+        for shard, names in shards.items():
+            for n in names:
+                assert torch.allclose(result.grads[shard][n], params[n].grad, atol=1e-6, rtol=1e-4), n
+        model.zero_grad()
