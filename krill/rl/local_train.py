@@ -24,6 +24,9 @@ Design decisions:
   pipelined demo showed. With stale rollouts as well (`--max-staleness 2`) it stalled at 38-41%
   from version 60 to 120 (fresh gradients: 38.7% -> 49.0%).
   The first version's batch is then applied twice (at versions 0 and 1): nothing older exists.
+- The loss's temperature must be the sampling temperature and its KL weight 0, as in a run spec:
+  the config refuses anything else rather than train on log-probs of another distribution or
+  drop a KL term for want of a reference model.
 - The public mask reference is the shard optimizer's first moment (momentum): smoother than one
   aggregate, and public because any auditor can recompute it from the aggregation records.
 - Evaluation is greedy accuracy on the first `eval_n` prompts of the task's eval split, every
@@ -96,6 +99,19 @@ class LocalTrainConfig(BaseModel):
     def _room_for_stale_gradients(self) -> LocalTrainConfig:
         if self.stale_gradients and self.staleness.max_staleness < 1:
             raise ValueError("stale_gradients: needs staleness.max_staleness >= 1 (the gradients are one version old)")
+        return self
+
+    @model_validator(mode="after")
+    def _loss_fits_the_sampler(self) -> LocalTrainConfig:
+        # The run spec's rules (`krill.protocol.spec.RunSpec`): the learner's log-probs must be of the
+        # distribution the rollouts were drawn from, or on-policy rollouts get ratios != 1 (at sampling
+        # temperature 0.7 and the loss's default 1.0, 4-9% of on-policy tokens were clipped); and no
+        # reference policy is kept, so a KL weight would be silently ignored.
+        if abs(self.loss.temperature - self.temperature) > 1e-9:
+            raise ValueError(f"loss.temperature {self.loss.temperature:g} must equal the sampling temperature "
+                             f"{self.temperature:g}")
+        if self.loss.kl_coef != 0.0:
+            raise ValueError(f"loss.kl_coef {self.loss.kl_coef:g}: the local trainer keeps no reference policy")
         return self
 
 

@@ -86,3 +86,19 @@ def test_train_local_from_the_command_line_takes_a_new_runs_rule(tmp_path, monke
     assert default_rule().reductions != "torch"
     CliRunner().invoke(train, ["local", "--model", str(tmp_path), "--rule", "clip-mix-trim"])
     assert seen["rule"].clip_basis == default_rule().clip_basis
+
+
+def test_the_loss_must_fit_the_sampler():
+    """A learner at another temperature than the sampler sees ratios != 1 on on-policy rollouts, and no
+    reference model is kept for a KL term: both are refused, as a run spec refuses them."""
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.rl.local_train import LocalTrainConfig
+    from krill.rl.loss import LossConfig
+
+    with pytest.raises(ValidationError, match="must equal the sampling temperature"):
+        LocalTrainConfig(temperature=0.7)
+    assert LocalTrainConfig(temperature=0.7, loss=LossConfig(temperature=0.7)).loss.temperature == 0.7
+    with pytest.raises(ValidationError, match="no reference policy"):
+        LocalTrainConfig(loss=LossConfig(kl_coef=0.5))
