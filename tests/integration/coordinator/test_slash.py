@@ -197,7 +197,8 @@ def test_content_still_missing_when_the_window_closes_is_confirmed_whatever_the_
 
 def test_only_verdicts_of_selected_verifiers_count_towards_trust(coordinator_env):
     """Anyone staked may attest, so a worker's own verifiers could pass its commits; only the verdict of a
-    verifier the commit's sealed randomness selected moves trust."""
+    verifier the commit's sealed randomness selected moves trust, and only if the verifier's key was staked
+    before the randomness was known (else it could be ground to be selected)."""
     from nacl.signing import SigningKey
 
     from krill.chain.deploy import TOKEN
@@ -210,33 +211,38 @@ def test_only_verdicts_of_selected_verifiers_count_towards_trust(coordinator_env
 
     env = coordinator_env()
     worker, who = env.stake(1)
+    ppm = env.spec.chain.check_probability_ppm
+
+    def key(seed: int) -> bytes:
+        return bytes(SigningKey(seed.to_bytes(32, "big")).verify_key)
+
+    def verifier(index: int, verifier_key: bytes):
+        client = env.chain.as_account(dev_account(index))
+        client.approve_stake(100 * TOKEN)
+        client.stake(Role.VERIFIER, 100 * TOKEN, verifier_key)
+        return client
+
+    early_key = key(1)
+    early = verifier(10, early_key)  # staked before the commit: its key cannot depend on the randomness
     ids = []
     for nonce in (0, 1):  # K = 2: the second closes version 1
         header, files = env.produce(who, nonce=nonce)
         env.upload(header, files)
         ids.append(env.commit(worker, header))
     randomness = env.chain.seal_randomness_now(ids[0])
-    ppm = env.spec.chain.check_probability_ppm
-
-    def key(seed: int) -> bytes:
-        return bytes(SigningKey(seed.to_bytes(32, "big")).verify_key)
-
-    picked = next(k for k in map(key, range(1, 200)) if drawn(randomness, ids[0], k, ppm))
-    skipped = next(k for k in map(key, range(1, 200)) if not drawn(randomness, ids[0], k, ppm))
-    for index, verifier_key in ((10, picked), (11, skipped)):  # the provisioned verifier accounts
-        account = dev_account(index)
-        verifier = env.chain.as_account(account)
-        verifier.approve_stake(100 * TOKEN)
-        verifier.stake(Role.VERIFIER, 100 * TOKEN, verifier_key)
-        verifier.attest(ids[0], True, hashlib.sha256(b"ok").digest())
+    ground = next(k for k in map(key, range(2, 200)) if drawn(randomness, ids[0], k, ppm))
+    late = verifier(11, ground)  # staked once the randomness is known, with a key the draw selects
+    for client in (early, late):
+        client.attest(ids[0], True, hashlib.sha256(b"ok").digest())
 
     ctx, indexer = env.context()
     ensure_tables(ctx.db)
     indexer.sync()
     ingest(ctx, next_version=1)
     decision = decide(ctx, 1)
-    # prior Beta(1, 3); one selected pass of the two: (1 + 1) / (1 + 1 + 3)
-    assert decision is not None and {e["trust"] for e in decision.accepted} == {repr(2 / 5)}
+    # prior Beta(1, 3); the early verifier's pass counts when the draw selected it, the late one's never
+    passes = int(drawn(randomness, ids[0], early_key, ppm))
+    assert decision is not None and {e["trust"] for e in decision.accepted} == {repr((1 + passes) / (4 + passes))}
 
 
 def test_the_audit_judges_a_declined_slash_by_the_coordinators_replay(coordinator_env):
