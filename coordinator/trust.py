@@ -10,6 +10,11 @@ Design decisions:
   less failures on commits whose quorum the coordinator's replay refuted.
 - A jailed worker (one of its commits was slashed) has no trust: its contributions are rejected
   outright, not merely down-weighted. Below the spec's floor a contribution is rejected too.
+- A weight that is not positive is rejected as below the floor as well: the validators accept a floor
+  of 0 and any positive prior, so trust can be 0.0 (prior_alpha 5e-324) or trust x an `exp`
+  staleness weight can underflow to 0.0 (prior_alpha 1e-300, exp(-700)). Accepted, such a
+  contribution could not be folded (the fold refuses a weight sum of 0, and the journalled decision
+  stopped the coordinator for good) and `krill audit` fails any weight <= 0.
 - Weights are float64 and written to the record as `repr`, so a recomputation uses the same bits.
 """
 
@@ -62,4 +67,8 @@ def weigh(spec, standing: Standing, version: int, model_version: int) -> Weighin
     if trust < spec.trust.floor:
         return Weighing(trust, staleness, None, RejectionCode.BELOW_TRUST_FLOOR,
                         f"trust {trust:.4f} is below the floor {spec.trust.floor}")
-    return Weighing(trust, staleness, float(trust * staleness_weight(staleness, spec.staleness)))
+    weight = float(trust * staleness_weight(staleness, spec.staleness))
+    if not weight > 0.0:
+        return Weighing(trust, staleness, None, RejectionCode.BELOW_TRUST_FLOOR,
+                        f"trust {trust!r} x the staleness weight is {weight!r}: a weight that cannot be folded")
+    return Weighing(trust, staleness, weight)

@@ -276,7 +276,8 @@ def false_standing(source: AuditSource, version: int, commit_id: int, worker: st
     * `jailed`: the worker had no `WorkerJailed` event and is not jailed now (a jail is never lifted);
     * `slashed`: the commit had no `Slashed` event;
     * `below_trust_floor`: even counting every failing verdict on the worker's commits and no
-      passing one, its trust is at or above the run's floor."""
+      passing one, its trust is at or above the run's floor, and that trust x the commit's staleness
+      weight is a positive weight."""
     spec, info = source.spec, source.version_info(version)
     published = int(info.published_block) if info is not None else 0
     said = f"commit {commit_id} is rejected as {reason_code}"
@@ -312,10 +313,23 @@ def false_standing(source: AuditSource, version: int, commit_id: int, worker: st
     t = spec.trust
     _, fails = source.history.verdict_counts(worker, published)
     lowest = float(t.prior_alpha / (t.prior_alpha + (t.prior_beta + fails)))  # as `coordinator/trust.py` computes it
-    if lowest < t.floor:
+    if lowest < t.floor or not _lowest_weight(source, version, commit_id, lowest) > 0.0:
         return None
     return (f"{said}, but with all {fails} failing verdicts on the worker's commits before version {version} was published "
             f"and no passing one its trust would be {lowest!r}, not below the floor {t.floor!r}")
+
+
+def _lowest_weight(source: AuditSource, version: int, commit_id: int, lowest: float) -> float:
+    """The smallest weight `lowest` trust gives `commit_id` at any close up to `version` (`coordinator/trust.py`
+    rejects a weight that is not positive as below the floor: with a floor of 0 and a tiny prior it underflows
+    to 0): its staleness in `version`, at most S_max, since a close weighs only what S_max admits and a
+    rejection may be named in a later record than the close that made it. inf when the commit cannot be read."""
+    try:
+        staleness = version - 1 - int(source.commit(commit_id).version)
+    except DATA_ERRORS:
+        return math.inf
+    config = source.spec.staleness
+    return float(lowest * staleness_weight(min(max(staleness, 0), config.max_staleness), config))
 
 
 def check_applied_once(source: AuditSource, version: int, entry: AcceptedEntry) -> list[str]:

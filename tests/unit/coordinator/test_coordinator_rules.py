@@ -212,3 +212,19 @@ def test_had_room_sizes_the_largest_rejection_as_the_coordinator_can_meet_it():
         masks_cid="bafkrei" + "f" * 52, masks_sha256="0" * 64, closed_by="count")
     assert not had_room(record, 2)
     assert had_room(record.model_copy(update={"rejected": rejected[:-2]}), 2)
+
+
+@pytest.mark.parametrize("trust, staleness, at", [
+    ({"floor": 0.0, "prior_alpha": 5e-324}, StalenessConfig(), 0),  # trust itself is 0.0
+    ({"floor": 0.0, "prior_alpha": 1e-300}, StalenessConfig(kind="exp", tau=1.0, max_staleness=700), 700),  # underflow
+])
+def test_a_weight_that_is_not_positive_is_rejected_as_below_the_floor(trust, staleness, at):
+    """The validators take a floor of 0 and any positive prior, so trust x staleness weight can be 0.0; accepted,
+    it could not be folded (a version of only such weights sums to 0, and the journalled decision stopped the
+    coordinator) and the audit fails any weight <= 0."""
+    from krill.protocol.spec import TrustSpec
+
+    spec = _spec(trust=TrustSpec(**trust), staleness=staleness)
+    w = weigh(spec, Standing(0, 0, False), version=at + 1, model_version=0)
+    assert w.weight is None and w.code == RejectionCode.BELOW_TRUST_FLOOR, w
+    assert "cannot be folded" in w.reason
