@@ -235,12 +235,11 @@ def aggregation_timing(size: GridSize, echo: Callable[[str], None]) -> list[dict
                     start = time.perf_counter()
                     aggregate(x, w, rule)
                     times.append(time.perf_counter() - start)
-                cell[rule_name] = (statistics.median(times), len(times))
-            for rule_name, (seconds, repeats) in cell.items():
+                cell[rule_name] = (statistics.median(times), len(times), rule.reductions)
+            for rule_name, (seconds, repeats, reductions) in cell.items():
                 rows.append({"n": n, "d": d, "rule": rule_name, "seconds": seconds, "repeats": repeats,
-                             "vs_mean": seconds / cell["mean"][0],
-                             "reductions": make_rule(rule_name, new_run=True).reductions})
-            echo(f"aggregation n {n:3d}  d {d:>9,d}  " + "  ".join(f"{r} {1000 * s:.0f} ms" for r, (s, _) in cell.items()))
+                             "vs_mean": seconds / cell["mean"][0], "reductions": reductions})
+            echo(f"aggregation n {n:3d}  d {d:>9,d}  " + "  ".join(f"{r} {1000 * s:.0f} ms" for r, (s, _, _) in cell.items()))
             del x
     return rows
 
