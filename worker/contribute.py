@@ -4,7 +4,12 @@ Design decisions:
 - The behaviour version b is the newest published version when sampling starts; after sampling
   the worker looks again and learns at the newest version v it can reach (v - b <= S_max), so
   rollouts are never thrown away just because the coordinator moved on while they were sampled.
-  If even that gap exceeds S_max the rollouts are dropped (and recorded).
+  If even that gap exceeds S_max the rollouts are dropped (and recorded). A reading after sampling
+  that is below b (a reorganisation took the publication of b back, or an RPC node behind the one
+  read before answered) learns at b: the learner version is never below the behaviour version (the
+  search for a loadable learner version ran from v down to b, found none, and stopped the worker
+  with "each is broken"); if b is really gone, the commit's estimate says so and the work is logged
+  stale.
 - The work itself is `krill.protocol.work` (sample / learn / package), the code verifiers replay;
   the strategy (`behaviors`) hooks in at each stage (sampling, rewards, gradients, signing, the
   committed version, the upload); the honest strategy's hooks are exactly the core functions.
@@ -242,6 +247,7 @@ class Contributor:
                     self.wait_newer(learn_after, poll_s)
                     v = self.newest()
         self._seen_latest = (v, time.monotonic())
+        v = max(v, b)  # a reading below b (see the module docstring) learns at b: the contract judges the commit
         if v - b > self.spec.staleness.max_staleness:
             outcome = Outcome(ROLLOUTS_STALE, nonce, b, v, seconds=seconds | {"total": time.perf_counter() - started},
                               detail=f"rollouts of version {b} are more than S_max={self.spec.staleness.max_staleness} "

@@ -392,3 +392,34 @@ def test_a_worker_whose_newest_version_is_broken_samples_and_learns_at_the_one_b
     assert (made.behaviour_version, made.model_version, made.sampled.sampled_at) == (6, 6, 6)
     assert made.learned.learner_version == 6 and calls == [7, 6]  # 7 fetched once, then refused at once
     assert sum("version 7 is broken and skipped" in line for line in lines) == 1
+
+
+def test_a_newest_version_read_after_sampling_below_the_behaviour_version_learns_at_the_behaviour_version(
+        monkeypatch, tmp_path):
+    """The chain says 7 before sampling and 6 after (a reorganisation took 7's publication back, or a lagging
+    RPC node answered): the gradient is taken at 7, where the rollouts were sampled, instead of `make` looking
+    for a loadable version in 7..6, finding none and stopping the worker with "each is broken"."""
+    import torch
+
+    import krill.protocol.work as work_module
+    from krill.worker.behaviors import Behavior
+
+    lines: list[str] = []
+    source, calls = _source(monkeypatch, {}, lines)
+    readings = iter([7, 6])
+    source.chain = SimpleNamespace(run_of=lambda run_id: SimpleNamespace(latest_version=next(readings)))
+    source.spec = SimpleNamespace(run_id=RUN)
+    source._tokenizer, source._task = SimpleNamespace(pad_token_id=0), object()
+    contributor = _contributor(tmp_path, lines=lines)
+    contributor.source = source
+    contributor.behaviour = SimpleNamespace(at=lambda v: ("engine", source.version(v)))
+    contributor.learner = SimpleNamespace(at=lambda v: ("model", source.version(v)))
+    behavior = Behavior()
+    monkeypatch.setattr(behavior, "sample", lambda work: SimpleNamespace(
+        rewards=torch.tensor([1.0, 0.0]), seconds=0.1, rollouts=SimpleNamespace(num_completion_tokens=12)))
+    monkeypatch.setattr(work_module, "learn", lambda spec, model, state, sampled, shards, pad: SimpleNamespace(
+        values={0: {}}, seconds=0.2, learner_version=state.v))
+    contributor.behavior = behavior
+    made = contributor.make()
+    assert (made.behaviour_version, made.model_version, made.learned.learner_version) == (7, 7, 7)
+    assert calls == [7] and not source.broken and not any("broken" in line for line in lines)
