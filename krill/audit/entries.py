@@ -20,7 +20,9 @@ Design decisions:
     coordinator does (`validate_contribution` with the same `ExpectedContext`: digest, run, chain,
     contract, worker, staked Ed25519 key, learner version and manifest, the commit's on-chain nonce,
     the run's codec and block size; file digests, decoders, mask lengths of the learner version);
-    its behaviour version and gradient shards are the entry's;
+    its behaviour version and gradient shards are the entry's. As the coordinator does, the header's
+    own checks (digest, context, staked key and signature, file names and size caps) come before any
+    file is fetched, so a hostile header costs the audit one small read;
   * `assignment` and `rewards`: the verifier's cheap replay the coordinator runs before folding
     (`krill.protocol.work.check_assignment` / `check_rewards`: prompts, seeds and sampling parameters
     are the assignment's; every reward is the task's). They need the validated payload: when it is
@@ -31,6 +33,8 @@ Design decisions:
 - A rejection's reason is checked where public data can bear it out or contradict it
   (`false_rejection`): payload reasons against the payload, replay reasons against the replay,
   and stale, jailed, slashed and below-floor against the chain before the version's publication.
+  A code the protocol does not define is false outright: otherwise any made-up code would cut an
+  honest commit out of the fold and the reward unchecked.
 - Public data that cannot be read or decoded (`krill.audit.source.DATA_ERRORS`) fails the row that
   read it, with the reason; it never stops the audit.
 - The submission fed to the fold carries the record's weight (`float(entry.weight)`), exactly the
@@ -44,6 +48,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 from krill.audit.report import AuditReport, EntryFigures
@@ -174,22 +179,41 @@ def fetch_contribution(source: AuditSource, entry: AcceptedEntry):
 def fetch_payload(source: AuditSource, worker: str, model_version: int, digest: bytes, nonce: int | None):
     """The validated contribution committed under `digest` by `worker` at `model_version` with `nonce`
     (raises one of `DATA_ERRORS`)."""
-    from krill.payload.contribution import ExpectedContext, validate_contribution
-    from krill.payload.header import decode_header
+    from krill.payload.contribution import (
+        ExpectedContext,
+        check_context,
+        check_file_names,
+        validate_contribution,
+    )
+    from krill.payload.errors import DigestMismatchError, PayloadTooLargeError
+    from krill.payload.header import ROLLOUTS_FILE, decode_header
     from krill.protocol.work import run_codec
     from krill.store.cid import digest_to_cid
 
-    spec, store = source.spec, source.store
-    header_bytes = store.get(digest_to_cid(digest), max_bytes=spec.limits.max_header_bytes)
-    header = decode_header(header_bytes, spec.limits, verify=False)
-    files = {name: store.get(ref.cid, max_bytes=ref.size, sha256=bytes.fromhex(ref.sha256))
-             for name, ref in header.files.items()}
+    spec, store, limits = source.spec, source.store, source.spec.limits
+    header_bytes = store.get(digest_to_cid(digest), max_bytes=limits.max_header_bytes)
+    if hashlib.sha256(header_bytes).digest() != digest:
+        raise DigestMismatchError("header bytes do not hash to the committed digest", field="header")
+    header = decode_header(header_bytes, limits, verify=False)
     learner = source.state(model_version)
     context = ExpectedContext(run_id=spec.run_id.hex(), chain_id=source.chain_id, contract=source.contract,
                               worker=worker, ed25519_key=source.staked_key(worker).hex(),
                               model_version=model_version, manifest_cid=learner.manifest_cid, digest=digest,
                               nonce=nonce, **run_codec(spec))
-    return validate_contribution(header_bytes, files, spec.limits, context, source.grad_lengths(model_version))
+    lengths = source.grad_lengths(model_version)
+    # The header's own checks come before any file is fetched, as the coordinator makes them
+    # (`coordinator/ingest.py` fetch_content): a header naming hundreds of files, or files of any size
+    # up to 1 TiB, must cost one small read, not every byte it names.
+    check_context(header, context)
+    header.verify(context.ed25519_key)
+    check_file_names(header, lengths)
+    for name, ref in sorted(header.files.items()):
+        cap = limits.max_rollout_bytes if name == ROLLOUTS_FILE else limits.max_grad_bytes
+        if ref.size > cap:
+            raise PayloadTooLargeError(f"{ref.size} bytes, over the cap of {cap}", field=f"{name}.size")
+    files = {name: store.get(ref.cid, max_bytes=ref.size, sha256=bytes.fromhex(ref.sha256))
+             for name, ref in sorted(header.files.items())}
+    return validate_contribution(header_bytes, files, limits, context, lengths)
 
 
 def check_payload(source: AuditSource, entry: AcceptedEntry):
@@ -231,6 +255,10 @@ def check_replay(source: AuditSource, contribution) -> list[tuple[str, bool, str
 PAYLOAD_REASONS = frozenset({"bad_signature", "unknown_key", "digest_mismatch", "malformed_payload"})
 REPLAY_REASONS = {"wrong_assignment": "assignment", "wrong_rewards": "rewards"}
 STANDING_REASONS = frozenset({"stale", "jailed", "slashed", "below_trust_floor"})
+# Reasons an honest coordinator gives that public data cannot judge (see `false_rejection`).
+UNJUDGED_REASONS = frozenset({"unavailable", "no_served_shard"})
+# Every reason code a coordinator gives (`krill.db.models.RejectionCode`, restated: the audit reads no database).
+REASON_CODES = PAYLOAD_REASONS | frozenset(REPLAY_REASONS) | STANDING_REASONS | UNJUDGED_REASONS
 
 
 def false_rejection(source: AuditSource, version: int, commit_id: int, worker: str, reason_code: str) -> str | None:
@@ -241,10 +269,13 @@ def false_rejection(source: AuditSource, version: int, commit_id: int, worker: s
     when the commit reused a nonce); a standing reason when the chain bears it out before the
     version's publication (`false_standing`). A payload the audit cannot read cannot be judged; nor
     can `unavailable` (the audit cannot see when content appeared) or `no_served_shard` (which shards
-    a coordinator serves is its own setting)."""
+    a coordinator serves is its own setting). A code that is none of the protocol's (`REASON_CODES`) is
+    false whatever the commit: no honest coordinator gives it, and the record's pattern admits any."""
+    if reason_code not in REASON_CODES:
+        return f"commit {commit_id} is rejected as {reason_code}, which is not a reason the protocol defines"
     if reason_code in STANDING_REASONS:
         return false_standing(source, version, commit_id, worker, reason_code)
-    if reason_code not in PAYLOAD_REASONS and reason_code not in REPLAY_REASONS:
+    if reason_code in UNJUDGED_REASONS:
         return None
     commit = source.commit(commit_id)
     nonce = int(commit.nonce)

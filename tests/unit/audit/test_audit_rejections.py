@@ -1,0 +1,70 @@
+"""Judging a record's rejections: a made-up reason code, and a hostile header's cost to the audit.
+
+The one-shard run of `audit_fakes.py` with records written by hand. These tests read only the
+`entries` row (and what the audit fetched to fill it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from audit_fakes import CHAIN_ID, CONTRACT, World
+
+from krill.audit import audit_versions
+from krill.audit.entries import REASON_CODES
+from krill.db.models import RejectionCode
+from krill.payload.header import SignedHeader
+from krill.protocol.record import RejectedEntry
+
+A = "0x" + "0a" * 20
+
+
+def _entries(world, version=1):
+    (report,) = audit_versions(world.source(), [version])
+    return next(c for c in report.checks if c.name == "entries")
+
+
+def test_the_audit_knows_every_reason_code_a_coordinator_gives():
+    assert REASON_CODES == {code.value for code in RejectionCode}
+
+
+@pytest.mark.parametrize(("code", "stands"), [("not_welcome", False), ("unavailable", True)])
+def test_a_rejection_under_a_code_the_protocol_does_not_define_fails_the_entries_check(tmp_path, code, stands):
+    """The record's pattern admits any code: a made-up one cut an honest commit out of the fold and the
+    reward, and the audit, which judged only the codes it knew, passed it."""
+    world = World(tmp_path)
+    cid = world.chain.commit(A, 0, 0, b"\xcd" * 32)
+    world.publish(1, rejected=[RejectedEntry(commit_id=cid, worker=A, reason_code=code, reason="says the coordinator")])
+    row = _entries(world)
+    assert row.ok == stands, row.detail
+    if not stands:
+        assert f"commit {cid} is rejected as {code}, which is not a reason the protocol defines" in row.detail
+
+
+def test_a_header_naming_junk_files_is_judged_from_the_header_alone(tmp_path):
+    """An unsigned header naming 100 files, each the same 64 KiB blob: the coordinator rejects it after
+    reading the header (names and sizes are checked before any file is fetched); the audit fetched
+    every file it named first (with 256 names of a 1 GiB blob, 256 GiB) before judging the rejection."""
+    world = World(tmp_path)
+    blob = b"\0" * (64 << 10)
+    ref = {"cid": world.store.add(blob, pin=True), "sha256": hashlib.sha256(blob).hexdigest(), "size": len(blob)}
+    header = SignedHeader.model_validate(dict(
+        run_id=world.spec.run_id.hex(), chain_id=CHAIN_ID, contract=CONTRACT, worker=A, ed25519_key="11" * 32,
+        model_version=0, behaviour_version=0, manifest_cid=world.cids[0], task="arithmetic", prompt_seed=0, nonce=0,
+        sampling=dict(temperature_milli=1000, max_new_tokens=8, seed=0),
+        files={f"junk{i}": ref for i in range(100)}, signature="00" * 64))
+    world.store.put_block(header.encode(), pin=True)
+    cid = world.chain.commit(A, 0, 0, header.digest)
+    world.publish(1, rejected=[RejectedEntry(commit_id=cid, worker=A, reason_code="malformed_payload", reason="junk")])
+    fetched, get = [], world.store.get
+
+    def counting_get(c, max_bytes=None, sha256=None):
+        data = get(c, max_bytes=max_bytes, sha256=sha256)
+        fetched.append(len(data))
+        return data
+
+    world.store.get = counting_get
+    row = _entries(world)
+    assert row.ok, row.detail  # the rejection stands
+    assert sum(fetched) < 20 * len(blob), f"the audit fetched {sum(fetched)} bytes"
