@@ -19,8 +19,10 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, String, Text, select
+from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, String, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from krill.db.types import Message
 
 
 class CoordinatorBase(DeclarativeBase):
@@ -49,7 +51,7 @@ class VersionDecision(CoordinatorBase):
     manifest_digest: Mapped[str | None] = mapped_column(String(64))
     record_digest: Mapped[str | None] = mapped_column(String(64))
     bytes_published: Mapped[int | None] = mapped_column(BigInteger)
-    note: Mapped[str | None] = mapped_column(Text)                 # e.g. why settlement was skipped
+    note: Mapped[str | None] = mapped_column(Message)               # e.g. why settlement was skipped
     # The fold's settings at the decision (None in rows written before they were kept: the process's own).
     served_shards: Mapped[list[int] | None] = mapped_column(JSON)
     keep_states: Mapped[bool | None] = mapped_column(Boolean)

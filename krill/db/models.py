@@ -17,7 +17,8 @@ Design decisions:
 - Natural keys wherever the chain has one (commit id, run id + version, tx hash + log index);
   no surrogate ids, so a replay produces identical rows and re-running an ingest is a no-op.
 - Value spellings (see `krill.db.types`): bytes32 as 64 lowercase hex, addresses 0x-lowercase,
-  tx hashes 0x-hex, uint256 (and uint64 values that can pass 2**63) in `Uint` columns.
+  tx hashes 0x-hex, uint256 (and uint64 values that can pass 2**63) in `Uint` columns; messages that
+  quote untrusted input (fetch errors, rejection reasons) in `Message` columns.
 - Status columns are Python enums stored as short strings without a database CHECK, so adding a
   value later needs no migration.
 - Participant trust is a Beta posterior over the verdicts on the participant's commits: alpha =
@@ -41,12 +42,11 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     String,
-    Text,
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from krill.db.types import Uint
+from krill.db.types import Message, Uint
 
 Hex32 = String(64)
 Address = String(42)
@@ -189,7 +189,7 @@ class Version(IndexBase):
     manifest_cid: Mapped[str] = mapped_column(String(128))
     manifest_status: Mapped[FetchStatus] = mapped_column(_enum(FetchStatus))
     manifest_attempts: Mapped[int] = mapped_column(Integer)
-    manifest_error: Mapped[str | None] = mapped_column(Text)
+    manifest_error: Mapped[str | None] = mapped_column(Message)
     parent_cid: Mapped[str | None] = mapped_column(String(128))
     num_shards: Mapped[int | None] = mapped_column(Integer)
 
@@ -278,7 +278,7 @@ class Header(IndexBase):
     commit_id: Mapped[int] = mapped_column(ForeignKey("commits.commit_id"), primary_key=True)
     status: Mapped[FetchStatus] = mapped_column(_enum(FetchStatus), index=True)
     attempts: Mapped[int] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Message)
     run_name: Mapped[str | None] = mapped_column(String(64))
     task: Mapped[str | None] = mapped_column(String(64))
     engine: Mapped[str | None] = mapped_column(String(64))
@@ -383,7 +383,7 @@ class Contribution(StateBase):
     version: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[ContributionStatus] = mapped_column(_enum(ContributionStatus), index=True)
     reason_code: Mapped[RejectionCode | None] = mapped_column(_enum(RejectionCode))
-    reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Message)
     weight: Mapped[float | None] = mapped_column(Float)
     staleness: Mapped[int | None] = mapped_column(Integer)
     trust: Mapped[float | None] = mapped_column(Float)

@@ -9,6 +9,12 @@ Design decisions:
   prefix, as in signed headers; addresses are 0x + 40 lowercase hex; transaction hashes are
   0x + 64 lowercase hex, as block explorers print them. `hex32`, `address` and `tx_hash` turn any
   accepted input into that spelling or raise `DatabaseValueError` naming the field.
+- Messages (fetch errors, rejection reasons, notes) quote untrusted input: a header's file name or a
+  safetensors tensor name may hold NUL (JSON `\\u0000`), which PostgreSQL text cannot store, or a lone
+  UTF-16 surrogate (`\\ud800`), which neither backend's driver can encode. Either failed the whole
+  write transaction (the indexer's header batch, the coordinator's ingest pass) on every pass, so one
+  hostile commit stopped the role. `Message` columns write such characters as their backslash escapes
+  (`\\x00`, `\\ud800`) on every backend, so both backends hold the same rows.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from sqlalchemy import Numeric, String
+from sqlalchemy import Numeric, String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
@@ -48,6 +54,26 @@ class Uint(TypeDecorator):
 
     def process_result_value(self, value, dialect: Dialect):
         return None if value is None else int(value)
+
+
+class Message(TypeDecorator):
+    """Free text that may quote untrusted input: NUL and lone surrogates are stored as backslash escapes."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect: Dialect):
+        return None if value is None else storable_text(value)
+
+
+def storable_text(value: str) -> str:
+    """`value` with NUL written as `\\x00` and lone surrogates as `\\udXXX`: text every backend stores."""
+    value = value.replace("\x00", "\\x00")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 def hex32(value: bytes | str, field: str) -> str:

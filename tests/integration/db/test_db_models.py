@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import pytest
 from sqlalchemy import select, update
 from sqlalchemy.exc import StatementError
 
+from krill.db.content import CommitFacts, fetch_header
 from krill.db.errors import DatabaseValueError, SchemaVersionError
 from krill.db.models import (
     INDEX_TABLES,
@@ -27,6 +29,8 @@ from krill.db.models import (
     Version,
 )
 from krill.db.session import open_database, table_rows
+from krill.payload.canonical import canonical_json
+from krill.store.cid import digest_to_cid, file_cid
 
 BIG = 2**256 - 1
 RUN = "ab" * 32
@@ -138,3 +142,45 @@ def test_writers_in_several_connections_serialise_without_lost_updates(db, db_ur
     assert errors == []
     with db.session() as s:
         assert s.execute(select(Participant.commits)).scalar_one() == 75
+
+
+def _nul_named_header() -> tuple[bytes, CommitFacts]:
+    """A signed-looking header whose file name holds NUL (JSON \\u0000): its fetch ends INVALID with an error
+    that quotes the name."""
+    key = "02" * 32
+    files = {"x\x00y": {"cid": file_cid(b"r"), "sha256": "00" * 32, "size": 1}}
+    raw = dict(protocol=1, run_id=RUN, chain_id=31337, contract="0x" + "cc" * 20, worker="0x" + "22" * 20,
+               ed25519_key=key, model_version=0, behaviour_version=0, manifest_cid=file_cid(b"m"), task="arith",
+               prompt_seed=1, nonce=0, engine="hf-torch", signature="00" * 64, files=files,
+               sampling=dict(temperature_milli=1000, top_p_milli=1000, top_k=0, max_new_tokens=5, seed=1))
+    data = canonical_json(raw)
+    facts = CommitFacts(commit_id=1, header_cid=digest_to_cid(hashlib.sha256(data).digest()), run_id=RUN,
+                        worker="0x" + "22" * 20, version=0, nonce=0, worker_key=key, chain_id=31337,
+                        contract="0x" + "cc" * 20)
+    return data, facts
+
+
+def test_messages_quoting_nul_or_lone_surrogates_are_stored_escaped(db):
+    """A hostile header (a file name with NUL) made the index's header error unstorable on PostgreSQL, and a
+    gradient's tensor name with a lone surrogate made the coordinator's rejection reason unstorable on both
+    backends: the write transaction failed on every pass. Messages are stored with those characters escaped."""
+    data, facts = _nul_named_header()
+    fetched = fetch_header(type("Store", (), {"get": lambda self, cid, max_bytes=None: data})(), facts)
+    assert fetched.status is FetchStatus.INVALID and "\x00" in fetched.error
+    with db.write() as s:
+        s.add(_run())
+        s.add(Version(run_id=RUN, version=0, manifest_digest="cd" * 32, record_digest=None, published_block=5,
+                      published_tx="0x" + "ee" * 32, settled=True, manifest_cid="bafkrei",
+                      manifest_status=FetchStatus.INVALID, manifest_attempts=1, manifest_error="m\x00\ud800"))
+        s.add(Commit(commit_id=1, run_id=RUN, worker="0x" + "22" * 20, version=0, nonce=0, header_digest="01" * 32,
+                     header_cid=facts.header_cid, worker_key="02" * 32, block_number=6, tx_hash="0x" + "03" * 32,
+                     pass_count=0, fail_count=0, slashed=False))
+        s.add(Header(commit_id=1, status=fetched.status, attempts=1, error=fetched.error))
+        s.add(Contribution(commit_id=1, run_id=RUN, worker="0x" + "22" * 20, version=0,
+                           status=ContributionStatus.REJECTED, reason_code=RejectionCode.MALFORMED_PAYLOAD,
+                           reason="DtypeError: grad-0.safetensors.w\ud800\x00x: unsupported dtype 'NOPE'"))
+    with db.session() as s:
+        assert s.get(Header, 1).error == fetched.error.replace("\x00", "\\x00")
+        assert "header.files.x\\x00y" in s.get(Header, 1).error
+        assert s.get(Version, (RUN, 0)).manifest_error == "m\\x00\\ud800"
+        assert s.get(Contribution, 1).reason == "DtypeError: grad-0.safetensors.w\\ud800\\x00x: unsupported dtype 'NOPE'"
