@@ -27,7 +27,11 @@ Design decisions:
   lock.
 - Every finished nonce (committed, dropped as stale, ...) is appended to `contributions.jsonl`
   (fsynced) before the pending entry is cleared; a crash in between repeats the line on restart,
-  marked `resumed`, but never loses it.
+  marked `resumed`, but never loses it. A line torn by a crash mid-append (a full disk, a power
+  cut before the fsync) has no newline; the first line a process appends after it starts on a new
+  line (checked once per process: only a crash tears a line), so the torn fragment is the only line
+  `history` skips: appended straight after it, the repeated outcome joined the fragment into one
+  line that does not parse, and was lost from the log and from `krill worker status`.
 - A fresh state must learn the nonces this worker already committed before it hands one out (the
   chain's `Committed` events; `krill.worker.runner`). The document records that as `recovered`,
   set in the same write that moves `next_nonce` past them: a worker stopped during that scan
@@ -135,6 +139,7 @@ class WorkerState:
         self._lock = threading.RLock()  # the document and files (held through fsyncs)
         self._nonce_lock = threading.Lock()  # the in-memory nonce counter only: never waits on a save
         self._handed_out = doc.next_nonce  # next nonce in memory; the document holds the durable one
+        self._log_ends_line = False  # the outcome log is known to end with a newline (checked at the first append)
 
     @classmethod
     def open(cls, state_dir: Path, run_id: bytes, worker: str) -> WorkerState:
@@ -284,10 +289,16 @@ class WorkerState:
 
     def log(self, outcome: dict) -> None:
         line = json.dumps(outcome, sort_keys=True, separators=(",", ":")) + "\n"
-        with self._lock, open(self.log_path, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        with self._lock, open(self.log_path, "a+b") as fh:
+            if not self._log_ends_line and fh.seek(0, os.SEEK_END) > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":  # a line torn by a crash: end it, or ours would join it
+                    line = "\n" + line
+            self._log_ends_line = False  # until this line is whole on disk
+            fh.write(line.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
+            self._log_ends_line = True
 
     def history(self) -> list[dict]:
         if not self.log_path.exists():

@@ -209,3 +209,18 @@ def test_status_counts_each_nonce_once_when_a_crash_repeated_its_outcome_line(tm
     local = _local(None, worker, run)
     assert local["committed"] == 2 and local["dropped"] == {"front-run": 1, "stale": 1}
     assert [d["nonce"] for d in local["recent_dropped"]] == [1, 2]
+
+
+def test_an_outcome_logged_after_a_line_torn_by_a_crash_starts_a_line_of_its_own(tmp_path):
+    """A crash mid-append leaves half a line and no newline: the outcome the restart logs again (and every one
+    after it) is read back, and only the torn fragment is skipped."""
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    state.log({"nonce": 0, "status": "committed"})
+    line = json.dumps({"nonce": 1, "status": "committed"})
+    with open(state.log_path, "a", encoding="utf-8") as fh:
+        fh.write(line[:len(line) // 2])
+    restarted = WorkerState.open(tmp_path, RUN, WORKER)
+    restarted.log({"nonce": 1, "status": "committed", "resumed": True})
+    restarted.log({"nonce": 2, "status": "committed"})
+    assert [(h["nonce"], h.get("resumed", False)) for h in restarted.history()] == [(0, False), (1, True), (2, False)]
+    assert restarted.log_path.read_text(encoding="utf-8").count("\n") == 4  # one newline added, none doubled
