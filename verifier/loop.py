@@ -15,7 +15,8 @@ Design decisions:
   after `devnet_mine_after_s`, so a quiet local run does not stall.
 - Faults: an unreachable chain or store aborts the pass and the loop backs off exponentially up
   to `max_backoff_s`; a worker payload that cannot be fetched is retried per commit with its own
-  back-off until the last quarter of the window, then attested as unavailable; run data that
+  back-off until the last quarter of the window, then attested as unavailable (one whose fetch is
+  still running, halfway through that quarter: `select.still_fetching_until`); run data that
   cannot be loaded is retried and, if the window closes, recorded as missed (never the
   worker's fault). A passing fault while handling a commit (`transient_faults`: a transaction
   whose receipt never came, from a seal or the attestation; an attestation whose fate the chain
@@ -64,6 +65,7 @@ from krill.store.fetcher import Fetcher
 from krill.verifier import select
 from krill.verifier.attest import AttestationUnsettled, Who, attest
 from krill.verifier.replay import (
+    PayloadStillFetching,
     PayloadUnavailable,
     Replayer,
     ReplayResult,
@@ -274,7 +276,10 @@ class VerifierLoop:
                 result = self.replayer.replay(job, randomness, shard=named)
             except PayloadUnavailable as exc:
                 head = self.chain.block_number()
-                if head < select.unavailable_after(job.commit_block, self.window):
+                # A fetch still running is slow, not known missing: it gets longer (`select` explains).
+                until = (select.still_fetching_until if isinstance(exc, PayloadStillFetching)
+                         else select.unavailable_after)(job.commit_block, self.window)
+                if head < until:
                     self._retry_later(job, f"payload not available yet ({exc})")
                     return
                 result = unavailable_result(f"unavailable until block {head}: {exc}", time.perf_counter() - started)

@@ -22,7 +22,8 @@ Design decisions:
   a networked store a fetch of content nobody has waits out the store's timeout (60 s on Kubo),
   and a drawn commit of junk used to hold the verifier that long on every retry until the last
   quarter of the window, while the commits it should check waited; a fetch still running raises
-  `PayloadUnavailable` and is taken by a later retry; a version, tokenizer or
+  `PayloadStillFetching` (a `PayloadUnavailable` the loop waits longer for, `select.still_fetching_until`)
+  and is taken by a later retry; a version, tokenizer or
   shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
   never attested), whatever the reason: a store fault, or a manifest, record, shard or mask blob
   that fails to parse (`PayloadError`, `ModelError`). Such an error raised while a stage first
@@ -65,6 +66,10 @@ from krill.verifier.state import Job
 
 class PayloadUnavailable(StoreError):
     """The worker's header or a file it names cannot be fetched right now."""
+
+
+class PayloadStillFetching(PayloadUnavailable):
+    """A fetch of the worker's header or of a file it names is still running: slow, not known missing."""
 
 
 class RunDataUnavailable(StoreError):
@@ -245,7 +250,7 @@ class Replayer:
             self._fetcher.wait([key], PASS_WAIT_S)
         fetched = self._fetcher.take(key)
         if fetched is None:
-            raise PayloadUnavailable(f"{name} ({cid}): still being fetched")
+            raise PayloadStillFetching(f"{name} ({cid}): still being fetched")
         try:
             return fetched.result()
         except ObjectTooLargeError:

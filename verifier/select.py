@@ -20,6 +20,11 @@ Design decisions:
 - Windows in blocks: an attestation counts while block <= commit_block + window. The verifier
   stops working on a commit once no transaction could still land in time, and declares a
   payload unavailable only in the last quarter of the window, so slow stores get every chance.
+  A payload whose fetch is still running there (not found missing: slow) gets until the second
+  half of that quarter (`still_fetching_until`): a verifier that first asks for it late (restarted
+  after an outage, or corroborating a failing verdict attested late) used to attest an honest worker
+  unavailable because one fetch took longer than a pass waits (2 s), while the half left still
+  lets the attestation of a payload nobody serves land in the window.
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ def unavailable_after(commit_block: int, window: int) -> int:
     """From this head on, a payload that still cannot be fetched is attested as unavailable."""
     margin = max(2, window // 4)
     return max(commit_block + 1, last_block(commit_block, window) - margin)
+
+
+def still_fetching_until(commit_block: int, window: int) -> int:
+    """From this head on, a payload whose fetch is still running (not known missing) is attested as
+    unavailable: halfway through the margin `unavailable_after` leaves."""
+    margin = max(2, window // 4)
+    return max(unavailable_after(commit_block, window), last_block(commit_block, window) - margin // 2)
 
 
 def ensure_randomness(chain, commit_id: int, commit_block: int, head: int) -> bytes | None:

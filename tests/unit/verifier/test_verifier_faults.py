@@ -341,6 +341,47 @@ def test_an_unavailable_verdict_is_not_kept_across_a_fault_while_attesting(tmp_p
     assert chain.sent == 0 and state.decision(7).status == PENDING  # replayed, not the kept FAIL attested
 
 
+def test_a_slow_fetch_late_in_the_window_is_waited_for_not_attested_unavailable(tmp_path, monkeypatch):
+    """A verifier that first asks for an honest payload in the last quarter of the window (restarted after
+    an outage, or corroborating a late failing verdict) attested it unavailable when one fetch took longer
+    than a pass waits; a fetch still running now gets until `still_fetching_until`, and only then fails."""
+    import threading
+    import time
+
+    import krill.store.fetcher as fetcher_module
+    from krill.verifier import select
+
+    monkeypatch.setattr(fetcher_module, "PASS_WAIT_S", 0.05)
+    loop, store, chain, state = _late_in_the_window(tmp_path, monkeypatch)
+    chain.head = select.unavailable_after(COMMIT_BLOCK, WINDOW) + 1  # a missing payload would be attested now
+    assert chain.head < select.still_fetching_until(COMMIT_BLOCK, WINDOW)
+    release, get = threading.Event(), store.get
+
+    def slow_get(cid, max_bytes=None):
+        release.wait(5)  # the content is there; the store takes its time
+        return get(cid, max_bytes=max_bytes)
+
+    store.get = slow_get
+    loop.step()
+    assert chain.sent == 0 and state.decision(7).status == PENDING  # waited for, not attested unavailable
+    release.set()
+    fetcher, deadline = loop.replayer._fetcher, time.monotonic() + 5
+    while fetcher.in_flight() and time.monotonic() < deadline:  # the fetch ends, its result waits to be taken
+        time.sleep(0.01)
+    loop._retry_at.clear()
+    loop.step()  # the fetch has ended: the honest header passes (the fake run data stops the replay after it)
+    assert chain.sent == 0 and state.decision(7).status == PENDING and store.gets >= 1
+
+    release.clear()
+    chain.head = select.still_fetching_until(COMMIT_BLOCK, WINDOW)  # a fetch that never ends is given up on
+    loop._retry_at.clear()
+    loop.step()
+    release.set()
+    decision = state.decision(7)
+    assert (chain.sent, decision.status, decision.ok, decision.reason) == (1, ATTESTED, False, "unavailable")
+    assert select.can_still_attest(chain.head, COMMIT_BLOCK, WINDOW)
+
+
 def test_an_attestation_sent_before_a_chain_outage_that_outlasts_the_window_is_found_on_chain(verifier):
     from krill.errors import ChainUnavailableError
 
