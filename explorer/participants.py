@@ -1,7 +1,7 @@
 """Participants: workers and verifiers with stake, trust, contributions, verdicts, slashes and rewards.
 
 Design decisions:
-- The participant row (stake, trust posterior, verdict counts, credits) is the index's; the
+- The participant row (stake, verdict counts, credits) is the index's; the
   accepted / rejected counts and the reasons come from the coordinator's contributions table, so
   "why was this rejected" is answered with the coordinator's own reason code and message.
 - Each list under a participant (its contributions, verdicts it gave, its slashes, its rewards)
@@ -9,13 +9,22 @@ Design decisions:
   the JSON API has one endpoint per list.
 - A slash row carries the failing verdicts of the slashed commit with their evidence digests, so
   one click leads from a slashed worker to the evidence that slashed it.
+- A worker's `trust` is the trust the coordinator weighed its newest contribution folded into a
+  published version at (the record of that version publishes it), with where it comes from
+  (`trust_weighed`); none before the first such weighing. The index's Beta tally over every
+  verdict on the worker's commits (`trust_alpha`, `trust_beta`, checks passed / failed) is not
+  trust: the coordinator counts only verdicts of verifiers the commit's randomness drew, staked no
+  later than the commit's block, on its run's commits, with its run's prior
+  (`krill.coordinator.standing`). Shown as trust, that tally could be raised at will: five verifiers
+  staked after a worker's commit, passing it, lifted it from 0.4 to 0.7 while the coordinator
+  still weighed the worker at 0.25.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from krill.db.models import (
@@ -25,6 +34,7 @@ from krill.db.models import (
     Participant,
     ParticipantRole,
     Reward,
+    Run,
     Slash,
     Verdict,
 )
@@ -34,12 +44,16 @@ from krill.explorer.paging import NotFound, Page, PageRequest, paginate
 ROLES = tuple(r.name.lower() for r in ParticipantRole if r != ParticipantRole.NONE)
 
 
-def participant_json(p: Participant) -> dict[str, Any]:
+def participant_json(p: Participant, weighed: Contribution | None = None) -> dict[str, Any]:
+    """The participant's row; `weighed`: its newest published weighing (see the module docstring)."""
     return {"address": p.address, "role": ROLE_NAMES.get(p.role, str(p.role)), "ed25519_key": p.ed25519_key,
             "staked": amount(p.staked), "unbonding": amount(p.unbonding), "release_block": p.release_block,
             "jailed": p.jailed, "jailed_commit_id": p.jailed_commit_id, "slashed_total": amount(p.slashed_total),
             "first_block": p.first_block, "commits": p.commits, "checks_passed": p.checks_passed,
-            "checks_failed": p.checks_failed, "trust": p.trust, "trust_alpha": p.trust_alpha,
+            "checks_failed": p.checks_failed, "trust": weighed.trust if weighed else None,
+            "trust_weighed": None if weighed is None else {
+                "run_id": weighed.run_id, "version": weighed.aggregated_version, "commit_id": weighed.commit_id},
+            "trust_alpha": p.trust_alpha,
             "trust_beta": p.trust_beta, "rewards_credited": amount(p.rewards_credited),
             "bounties_credited": amount(p.bounties_credited), "claimed": amount(p.claimed),
             "claimable": amount(p.claimable)}
@@ -55,15 +69,28 @@ def _contribution_counts(session: Session, addresses: list[str]) -> dict[str, di
     return counts
 
 
+def weighings(session: Session, addresses: list[str]) -> dict[str, Contribution]:
+    """Per worker of `addresses`, its newest contribution (by commit id) that the coordinator weighed and
+    folded into a version its run has published, which carries the trust it was weighed at."""
+    published = and_(Contribution.status == ContributionStatus.ACCEPTED, Contribution.trust.is_not(None),
+                     Contribution.aggregated_version <= Run.latest_version)
+    newest = (select(Contribution.worker, func.max(Contribution.commit_id).label("commit_id"))
+              .join(Run, Run.run_id == Contribution.run_id)
+              .where(Contribution.worker.in_(addresses), published).group_by(Contribution.worker).subquery())
+    return {c.worker: c for c in session.scalars(select(Contribution).join(
+        newest, newest.c.commit_id == Contribution.commit_id))}
+
+
 def list_participants(session: Session, request: PageRequest, role: str | None = None) -> Page:
     """Staked accounts (and accounts only credited), workers first, in order of first appearance."""
     stmt = select(Participant).order_by(Participant.role, Participant.first_block, Participant.address)
     if role is not None:
         stmt = stmt.where(Participant.role == int(ParticipantRole[role.upper()]))
-    page = paginate(session, stmt, request, participant_json)
-    counts = _contribution_counts(session, [p["address"] for p in page.items])
-    for p in page.items:
-        p["contributions"] = counts[p["address"]]
+    page = paginate(session, stmt, request, lambda p: p)
+    addresses = [p.address for p in page.items]
+    counts, weighed = _contribution_counts(session, addresses), weighings(session, addresses)
+    page.items = [{**participant_json(p, weighed.get(p.address)), "contributions": counts[p.address]}
+                  for p in page.items]
     return page
 
 
@@ -71,7 +98,7 @@ def participant_detail(session: Session, address: str, request: PageRequest) -> 
     p = session.get(Participant, address)
     if p is None:
         raise NotFound(f"no participant {address} in the index")
-    out = participant_json(p)
+    out = participant_json(p, weighings(session, [address]).get(address))
     out["contributions"] = _contribution_counts(session, [address])[address]
     reasons = session.execute(select(Contribution.reason_code, func.count()).where(
         Contribution.worker == address, Contribution.status == ContributionStatus.REJECTED)

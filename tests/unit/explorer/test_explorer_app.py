@@ -363,3 +363,38 @@ def test_a_coordinator_that_never_staked_is_shown_without_a_dead_link(world):
     assert world.client.get(f"/participants/{coordinator}")[0] == 404
     _, _, honest = world.client.get(f"/participants/{world.honest}")
     assert "not staked" not in honest
+
+
+def test_trust_is_the_coordinators_weighing_not_every_verdict(world):
+    """Five verifiers staked after commit 1 attest it as passing: the coordinator counts none of them
+    (krill.coordinator.standing), so the worker's trust stays the 0.25 its contribution was weighed at;
+    a weighing journalled for a version not published yet is not shown either."""
+    from krill.chain import events as ev
+    from krill.db.ingest import DEFAULT_TRUST_PRIOR, apply_event, known_events
+    from krill.db.models import Contribution, ContributionStatus
+    from krill.db.session import open_database
+
+    protocol = "0x" + "44" * 20
+    events = []
+    for i in range(5):
+        sybil, tx = "0x" + f"{0xa0 + i:02x}" * 20, "0x" + f"{0xf00 + i:064x}"
+        events.append(ev.Staked(500, tx, 0, protocol, sybil, 2, 10, 10, bytes([i + 1]) * 32))
+        events.append(ev.Attested(501, tx, 1, protocol, 1, sybil, True, b"\x01" * 32, 2 + i, 0))
+    with open_database(world.url) as db, db.write() as s:
+        known = known_events(s, events)
+        for event in events:
+            apply_event(s, event, 0, DEFAULT_TRUST_PRIOR, known)
+        s.add(Contribution(commit_id=3, run_id=world.run, worker=world.honest, version=2,
+                           status=ContributionStatus.ACCEPTED, weight=0.9, staleness=0, trust=0.9,
+                           aggregated_version=3))  # journalled, v3 not published
+    _, honest = world.client.json(f"/api/participants/{world.honest}")
+    assert honest["checks_passed"] == 1 + 5  # every verdict is still listed as attested
+    assert honest["trust"] == 0.25
+    assert honest["trust_weighed"] == {"run_id": world.run, "version": 1, "commit_id": 1}
+    _, workers = world.client.json("/api/participants?role=worker")
+    assert {p["address"]: p["trust"] for p in workers["items"]} == {world.honest: 0.25, world.forger: None}
+    _, _, body = world.client.get(f"/participants/{world.honest}")
+    trust_cell = re.search(r'<td id="trust">(.*?)</td>', body).group(1)
+    assert trust_cell.startswith("0.25 ") and f"/versions/1?run={world.run}" in trust_cell
+    _, _, forger = world.client.get(f"/participants/{world.forger}")
+    assert "not weighed in a published version yet" in forger
