@@ -27,6 +27,9 @@ Design decisions:
     (`krill.protocol.work.check_assignment` / `check_rewards`: prompts, seeds and sampling parameters
     are the assignment's; every reward is the task's). They need the validated payload: when it is
     not valid they fail as not run;
+  * `figures`: the completion tokens and mean reward the entry states are its rollouts' (nothing is
+    folded or paid by them, but the release's contributors table and the run's metrics report them);
+    a row only when the payload validated;
   * `applied once`: no earlier version in the staleness window accepted the same commit.
   Not re-checked: whether the worker was jailed when the version closed (jails come from this
   coordinator's slashes, judged by the ledger).
@@ -234,6 +237,21 @@ def check_payload(source: AuditSource, entry: AcceptedEntry):
     return problems, contribution
 
 
+def check_figures(entry: AcceptedEntry, contribution) -> list[str]:
+    """The entry's completion tokens and mean reward are its rollouts', as `coordinator/close.py` writes them
+    (the release's contributors table and the run's metrics read them from the record)."""
+    import numpy as np
+
+    rollouts, problems = contribution.rollouts, []
+    tokens = int((np.diff(rollouts.offsets) - rollouts.prompt_lengths).sum())
+    mean_reward = repr(float(np.float32(rollouts.rewards.mean())) if rollouts.n_sequences else 0.0)
+    if entry.tokens != tokens:
+        problems.append(f"the record says {entry.tokens} completion tokens, the rollouts have {tokens}")
+    if entry.mean_reward != mean_reward:
+        problems.append(f"the record says mean reward {entry.mean_reward}, the rollouts' is {mean_reward}")
+    return problems
+
+
 def check_replay(source: AuditSource, contribution) -> list[tuple[str, bool, str]]:
     """(name, ok, detail) of the cheap replay's two checks, assignment then rewards, as the coordinator
     runs them before folding (`krill.protocol.work`)."""
@@ -396,6 +414,10 @@ def audit_entry(source: AuditSource, version: int, entry: AcceptedEntry, report:
     ok = report.add(f"{name} payload", not problems, "; ".join(problems) or
                     f"signed by the staked key, {len(contribution.gradients)} shard gradients, "
                     f"{contribution.rollouts.n_sequences} rollouts")
+    if contribution is not None:
+        problems = check_figures(entry, contribution)
+        report.add(f"{name} figures", not problems, "; ".join(problems) or
+                   f"{entry.tokens} completion tokens, mean reward {entry.mean_reward}, as the rollouts give")
     for check, passed, detail in check_replay(source, contribution):
         report.add(f"{name} {check}", passed, detail)
     problems = check_applied_once(source, version, entry)

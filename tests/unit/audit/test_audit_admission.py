@@ -92,8 +92,9 @@ class Run:
         commit_id = chain.commit(who.worker, learner, nonce if commit_nonce is None else commit_nonce, header.digest)
         return commit_id, header, files
 
-    def publish(self, chain, version, contributions, record_weight=None, rejected=()):
-        """Fold `contributions` as their record says (bar `record_weight`, the weight it claims) and publish."""
+    def publish(self, chain, version, contributions, record_weight=None, rejected=(), record_tokens=None):
+        """Fold `contributions` as their record says (bar `record_weight`, the weight it claims, and
+        `record_tokens`, the completion tokens) and publish."""
         parent = self.state(chain, version - 1)
         accepted, submissions = [], []
         for commit_id, header, files in contributions:
@@ -111,7 +112,8 @@ class Run:
                                           behaviour_version=header.behaviour_version, staleness=staleness,
                                           trust=repr(TRUST), weight=record_weight or repr(weight),
                                           shards=sorted(c.gradients), mean_reward=repr(float(c.rollouts.rewards.mean())),
-                                          tokens=int(c.rollouts.n_tokens)))
+                                          tokens=record_tokens or int((np.diff(c.rollouts.offsets)
+                                                                       - c.rollouts.prompt_lengths).sum())))
         learners = {v: self.state(chain, v) for v in {s.model_version for s in submissions}}
         results = fold_version(self.spec, parent, submissions, learners)
         content = publish_version_content(self.store, self.spec, parent, results, accepted, list(rejected), "count")
@@ -147,7 +149,8 @@ def test_honest_versions_pass_every_admission_check(run):
         assert report.ok, _failed(report)
     names = {c.name for c in report.checks}
     entry = next(n.removesuffix(" on-chain") for n in names if n.endswith(" on-chain"))
-    assert {f"{entry} {row}" for row in ("nonce", "rollout staleness", "payload", "assignment", "rewards")} <= names
+    assert {f"{entry} {row}" for row in ("nonce", "rollout staleness", "payload", "figures", "assignment",
+                                         "rewards")} <= names
 
 
 def test_a_header_naming_another_nonce_than_its_commit_fails_the_payload(run):
@@ -218,6 +221,16 @@ def test_a_weight_that_cannot_be_folded_fails_checks_without_stopping_the_audit(
     assert set(failed) == {f"commit {cid} weight", "recompute"}, failed
     assert "is not a finite positive number" in failed[f"commit {cid} weight"]
     assert failed["recompute"] == "not attempted: an input above failed"
+
+
+def test_completion_tokens_the_rollouts_do_not_have_fail_the_figures_check(run):
+    """The release's contributors table sums the records' tokens: the audit passed any count."""
+    chain = run.chain.fork()
+    cid, *_ = contribution = run.contribute(chain, run.workers[0], 3, 3)
+    run.publish(chain, 4, [contribution], record_tokens=10**12)
+    failed = _failed(run.audit(chain, 4))
+    assert list(failed) == [f"commit {cid} figures"], failed
+    assert "the record says 1000000000000 completion tokens, the rollouts have" in failed[f"commit {cid} figures"]
 
 
 def test_a_settlement_by_the_record_keeps_a_version_clean_and_paying_the_coordinator_fails_only_it(run):
