@@ -8,6 +8,10 @@ Design decisions:
   checked again against the staked key on each view.
 - An evidence page is addressed by the evidence digest attested on-chain; it lists the verdicts
   that attested that digest and renders the document from the store.
+- A commit is addressed by its id alone, so its version links name its run (without it they led
+  to the newest run's version of that number). It is said to be in a version's record only once
+  that version is published: the coordinator marks contributions folded when it journals a
+  version, and a coordinator stopped before publishing left pages linking a version that is a 404.
 """
 
 from __future__ import annotations
@@ -56,8 +60,8 @@ def contribution_detail(session: Session, commit_id: int, store) -> dict[str, An
     row = session.execute(commits_stmt().where(Commit.commit_id == commit_id)).first()
     if row is None:
         raise NotFound(f"no commit {commit_id} in the index")
-    commit, treatment = row
-    out = commit_row(commit, treatment)
+    out = commit_row(*row)
+    commit = row[0]
     out.update(worker_key=commit.worker_key, randomness=commit.randomness, sealed_block=commit.sealed_block,
                randomness_block=commit.block_number + 1)
     out["indexed_header"] = header_json(session.get(Header, commit_id))

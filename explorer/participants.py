@@ -112,8 +112,11 @@ def participant_detail(session: Session, address: str, request: PageRequest) -> 
     return out
 
 
-def commit_row(commit: Commit, treatment: Contribution | None) -> dict[str, Any]:
-    """A commit as listed: chain facts plus the coordinator's treatment of it."""
+def commit_row(commit: Commit, treatment: Contribution | None, latest_version: int) -> dict[str, Any]:
+    """A commit as listed: chain facts plus the coordinator's treatment of it. `record_published`: whether
+    the version whose record names it (`aggregated_version`) is published (`latest_version`: its run's);
+    the coordinator marks a contribution folded when it journals a version, before publishing it."""
+    folded = treatment.aggregated_version if treatment else None
     return {"commit_id": commit.commit_id, "run_id": commit.run_id, "worker": commit.worker,
             "version": commit.version, "nonce": amount(commit.nonce), "header_digest": commit.header_digest,
             "header_cid": commit.header_cid, "block_number": commit.block_number, "tx_hash": commit.tx_hash,
@@ -123,11 +126,14 @@ def commit_row(commit: Commit, treatment: Contribution | None) -> dict[str, Any]
             "reason": treatment.reason if treatment else None,
             "weight": treatment.weight if treatment else None, "trust": treatment.trust if treatment else None,
             "staleness": treatment.staleness if treatment else None,
-            "aggregated_version": treatment.aggregated_version if treatment else None}
+            "aggregated_version": folded,
+            "record_published": None if folded is None else folded <= latest_version}
 
 
 def commits_stmt():
-    return select(Commit, Contribution).join(Contribution, Contribution.commit_id == Commit.commit_id, isouter=True)
+    """(commit, its treatment or None, its run's latest version) rows, for `commit_row`."""
+    return (select(Commit, Contribution, Run.latest_version).join(Run, Run.run_id == Commit.run_id)
+            .join(Contribution, Contribution.commit_id == Commit.commit_id, isouter=True))
 
 
 def contributions_of(session: Session, address: str, request: PageRequest) -> Page:

@@ -398,3 +398,30 @@ def test_trust_is_the_coordinators_weighing_not_every_verdict(world):
     assert trust_cell.startswith("0.25 ") and f"/versions/1?run={world.run}" in trust_cell
     _, _, forger = world.client.get(f"/participants/{world.forger}")
     assert "not weighed in a published version yet" in forger
+
+
+def test_a_contribution_links_the_versions_of_its_own_run_and_only_published_records(world):
+    """A commit's version links name its run (the default run is the newest, here another one), and a
+    contribution the coordinator journalled for a version it has not published yet is not shown as in
+    that version's record (whose page is a 404)."""
+    from krill.db.models import Contribution, ContributionStatus, Run
+    from krill.db.session import open_database
+
+    with open_database(world.url) as db, db.write() as s:
+        first = s.get(Run, world.run)
+        s.add(Run(**{c.name: getattr(first, c.name) for c in Run.__table__.columns}
+                  | {"run_id": "cd" * 32, "created_block": 50, "latest_version": 0}))
+        s.add(Contribution(commit_id=3, run_id=world.run, worker=world.honest, version=2,
+                           status=ContributionStatus.ACCEPTED, weight=0.25, staleness=0, trust=0.25,
+                           aggregated_version=3))  # journalled, v3 not published (the run's latest is 2)
+    assert world.client.json("/api/")[1]["run"]["run_id"] == "cd" * 32
+    _, _, body = world.client.get("/contributions/1")
+    assert f'href="/versions/0?run={world.run}"' in body  # learner version
+    assert f'in the record of <a href="/versions/1?run={world.run}">v1</a>' in body
+    _, c = world.client.json("/api/contributions/3")
+    assert c["aggregated_version"] == 3 and c["record_published"] is False
+    assert world.client.json("/api/contributions/1")[1]["record_published"] is True
+    _, _, body = world.client.get("/contributions/3")
+    assert "decided for v3, not published yet" in body and "/versions/3" not in body
+    _, _, honest = world.client.get(f"/participants/{world.honest}")
+    assert f'href="/versions/2?run={world.run}"' in honest and 'href="/versions/2"' not in honest
