@@ -24,6 +24,14 @@ Design decisions:
   (`save`) are separate steps so that the worker's loop can make the next contribution while the
   previous one is packaged, saved, uploaded and committed in the background
   (`krill.worker.pipeline`); `contribute` runs all of it in this thread.
+- A contribution that does not encode under the run's rules (`PayloadError` from packaging: a
+  gradient that is not finite or overflows the run's fp16 codec, a payload over the run's limits)
+  is logged `unencodable` and dropped, its nonce made durable as used, and the worker goes on.
+  Sampling and learning are deterministic in (worker, version, nonce): raised, it stopped the
+  worker, and every restart made the same contribution again (its nonce was never saved) and
+  stopped on it again, for as long as that version was the newest. A published version whose
+  finite but huge weights blow the gradient up does that (`fetch_shard` checks only that weights
+  are finite).
 - Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
@@ -77,6 +85,7 @@ from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource, undec
 
 COMMITTED, STALE, ROLLOUTS_STALE = "committed", "stale", "rollouts-stale"
 FRONT_RUN, NONCE_REUSED = "front-run", "nonce-reused"  # contributions the chain will never take (see above)
+UNENCODABLE = "unencodable"  # a contribution that does not encode under the run's rules (see above)
 T = TypeVar("T")
 
 
@@ -190,6 +199,8 @@ class Contributor:
         if isinstance(made, Outcome):
             return made
         packaged = self.package(made)
+        if isinstance(packaged, Outcome):
+            return packaged
         self.save(packaged)
         return packaged
 
@@ -279,9 +290,22 @@ class Contributor:
 
     def package(self, made: Made):
         """Compress, serialise, hash and sign a `Made` contribution: the arguments of `submit` (save them
-        first). A pipelined worker runs this in its submission thread (`krill.worker.pipeline`)."""
+        first), or the Outcome of one that does not encode (logged and dropped; see the module docstring).
+        A pipelined worker runs this in its submission thread (`krill.worker.pipeline`)."""
+        from krill.errors import PayloadError
+
         t = time.perf_counter()
-        header, files = self.behavior.sign(made.work, made.sampled, made.learned)
+        try:
+            header, files = self.behavior.sign(made.work, made.sampled, made.learned)
+        except PayloadError as exc:
+            seconds = dict(made.seconds) | {"package": time.perf_counter() - t}
+            outcome = Outcome(UNENCODABLE, made.nonce, made.behaviour_version, made.model_version,
+                              seconds=seconds | {"total": time.perf_counter() - made.started},
+                              detail=f"the contribution does not encode under the run's rules ({exc}); it is "
+                                     "dropped and the worker goes on with its next nonce",
+                              phases=current(), **made.summary)
+            self.state.drop(made.nonce, outcome.record())
+            return outcome
         header_bytes = header.encode()
         pending = Pending(model_version=made.model_version, behaviour_version=made.behaviour_version,
                           nonce=made.nonce, digest=header.digest.hex(), files=sorted(files), summary=made.summary)

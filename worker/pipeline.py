@@ -19,7 +19,8 @@ Design decisions:
   thread runs, which on a loaded machine means waiting for the GIL and a core). The thread is
   named after the nonce it is submitting.
 - A submission's exception (jailed, a foreign digest, ...) is raised in the main thread by `wait`,
-  where the sequential loop would have raised it.
+  where the sequential loop would have raised it. A contribution that does not encode is not an
+  exception: `package` logs and drops it, and `wait` returns that Outcome.
 - Phases go on in the contribution's own recording (`krill.phases` is per thread, so the
   background thread opens it again with the same dict); `seconds["foreground"]` is the part of the
   contribution's time on the critical path (making it and waiting for the previous submission).
@@ -33,6 +34,7 @@ import time
 from collections.abc import Callable
 
 from krill.phases import phase, recording
+from krill.worker.contribute import Outcome
 
 
 class SubmitPipeline:
@@ -69,6 +71,9 @@ class SubmitPipeline:
                         with phase("stake_check"):
                             before()
                     packaged = self.contributor.package(made)
+                    if isinstance(packaged, Outcome):  # it does not encode: logged and dropped
+                        self._result = packaged
+                        return
                     self.contributor.save(packaged)
                     pending, header, files, seconds, started = packaged
                     self._result = self.contributor.submit(pending, header, files, seconds, started, resumed=False)

@@ -423,3 +423,34 @@ def test_a_newest_version_read_after_sampling_below_the_behaviour_version_learns
     made = contributor.make()
     assert (made.behaviour_version, made.model_version, made.learned.learner_version) == (7, 7, 7)
     assert calls == [7] and not source.broken and not any("broken" in line for line in lines)
+
+
+def test_a_contribution_that_does_not_encode_is_logged_and_dropped_not_fatal_in_the_background(tmp_path):
+    """A gradient the run's codec cannot encode (here: over fp16's range, as a version with finite but huge
+    weights gives) stopped the worker from its submission thread, and each restart made the same contribution
+    (same nonce, same version) and stopped again; it is now logged, its nonce kept as used, and the loop goes
+    on."""
+    import time
+
+    from krill.payload.errors import NonFiniteError
+    from krill.worker.contribute import Made
+    from krill.worker.pipeline import SubmitPipeline
+
+    def sign(work, sampled, learned):
+        raise NonFiniteError("value overflows fp16; clip before encoding", field="grad-0.lm_head.weight")
+
+    contributor = _contributor(tmp_path)
+    contributor.behavior = SimpleNamespace(uploads=False, sign=sign)
+    nonce = contributor.state.reserve_nonce()
+    made = Made(work=None, sampled=None, learned=None, nonce=nonce, behaviour_version=3, model_version=3,
+                summary={"mean_reward": 0.5, "true_mean_reward": 0.5, "tokens": 9}, seconds={"sample": 0.1},
+                started=time.perf_counter())
+    pipeline = SubmitPipeline(contributor)
+    pipeline.start(made, {})
+    outcome = pipeline.wait()
+    pipeline.close()
+    assert outcome.status == "unencodable" and outcome.nonce == nonce and "overflows fp16" in outcome.detail
+    assert contributor.state.pending is None and not contributor.chain.commits
+    reopened = WorkerState.open(tmp_path, RUN, ME)  # as after a restart: the nonce is not made again
+    assert reopened.next_nonce == nonce + 1
+    assert [(h["nonce"], h["status"]) for h in reopened.history()] == [(nonce, "unencodable")]
