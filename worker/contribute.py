@@ -64,7 +64,9 @@ Design decisions:
   handle it; a failure no replay explains (`TransactionFailed`) is classified from the chain as a
   resumed submit is: the digest's commit (ours: committed; another's: front-run), else the latest
   version (stale), else the stake (jailed, not staked), else the commit is sent once more and a
-  second such failure stops the worker.
+  second such failure stops the worker. Those stake reads go through `Backoff` like every other
+  chain read: an RPC blip while classifying a failure that retrying the commit would have cured
+  stopped the worker with `ChainUnavailableError`.
 """
 
 from __future__ import annotations
@@ -472,10 +474,11 @@ class Contributor:
         the contract said so; otherwise the stake is read and judged here)."""
         from krill.chain.types import Role
 
-        info = self.chain.stake_of(self.who.worker)
+        info = self.backoff.call(lambda: self.chain.stake_of(self.who.worker), "chain (stake)")
         if info.jailed:
             raise JailedError(jailed_message(self.who.worker)) from exc
-        if refused or not self.chain.is_eligible(self.who.worker, Role.WORKER):
+        if refused or not self.backoff.call(lambda: self.chain.is_eligible(self.who.worker, Role.WORKER),
+                                            "chain (stake)"):
             raise NotStakedError(f"the contract refuses commits of {self.who.worker} ({exc}): "
                                  "run `krill worker stake`") from exc
 

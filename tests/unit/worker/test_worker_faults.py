@@ -454,3 +454,29 @@ def test_a_contribution_that_does_not_encode_is_logged_and_dropped_not_fatal_in_
     reopened = WorkerState.open(tmp_path, RUN, ME)  # as after a restart: the nonce is not made again
     assert reopened.next_nonce == nonce + 1
     assert [(h["nonce"], h["status"]) for h in reopened.history()] == [(nonce, "unencodable")]
+
+
+def test_an_unreachable_chain_while_a_mined_failure_is_classified_is_waited_out_not_fatal(tmp_path):
+    """The stake reads that classify a failed commit sit out an RPC outage like every other chain read: the
+    worker commits again instead of stopping with `ChainUnavailableError`."""
+    from krill.errors import ChainUnavailableError
+
+    chain = FakeChain()
+    contributor = _contributor(tmp_path, chain)
+    pending, header = _save(contributor)
+    _failed_on_chain(chain, latest=3)
+    outages = [ChainUnavailableError("connection refused")]
+
+    def stake_of(who):
+        if outages:
+            raise outages.pop()
+        return SimpleNamespace(jailed=False)
+
+    chain.stake_of = stake_of
+    commit = FakeChain.commit.__get__(chain)
+    failures = [chain.commit_raises]
+    chain.commit_raises = None
+    chain.commit = lambda *args: commit(*args) if not failures else (_ for _ in ()).throw(failures.pop())
+    outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
+    assert outcome.status == COMMITTED and len(chain.commits) == 1 and not outages
+    assert contributor.backoff.waits == 1
