@@ -10,7 +10,9 @@ Design decisions:
   try whose receipt came too late), there is no verdict to record yet, and `AttestationUnsettled`, a
   passing fault, has the loop look again later (our own `ok` is never assumed: the pending
   transaction may still be dropped). `AttestationWindowClosed` means the work came too late:
-  the commit is recorded as missed, nothing is lost on-chain. `AttestationLimitReached` means the
+  the commit is recorded as missed, nothing is lost on-chain, unless an earlier try of ours landed
+  in the window after all (the contract checks the window before the duplicate, so a retry sent
+  after the window names the window, not the duplicate): that attestation is the verdict recorded. `AttestationLimitReached` means the
   contract already holds its cap of verdicts with this outcome (passes and failures are capped
   separately, so a failure always has room until 32 failures are in): also recorded as missed,
   with that reason. Other reverts (for instance this
@@ -94,6 +96,11 @@ def attest(chain, store, spec, who: Who, job: Job, randomness: bytes, result: Re
                                        "not mined yet") from exc
         return Attestation("duplicate", bool(earlier.ok), None, None)
     except E.AttestationWindowClosed:
+        # The contract checks the window before the duplicate: an earlier try of ours (its receipt never
+        # came) may have been mined in the window all the same, and then that is the verdict.
+        earlier = chain.attestation_of(job.commit_id, who.address)
+        if earlier.exists:
+            return Attestation("duplicate", bool(earlier.ok), None, None)
         return Attestation("window_closed", result.ok, cid, None)
     except E.AttestationLimitReached:  # 32 verifiers already attested this outcome: ours adds nothing
         return Attestation("limit_reached", result.ok, cid, None)

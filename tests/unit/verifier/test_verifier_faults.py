@@ -397,6 +397,32 @@ def test_an_attestation_sent_before_a_chain_outage_that_outlasts_the_window_is_f
     assert (decision.status, decision.ok) == (ATTESTED, True) and chain.sent == 1
 
 
+def test_a_retry_refused_as_too_late_after_an_earlier_try_landed_records_that_attestation(verifier):
+    """The try whose receipt never came is mined in the window's last block; the retry's estimate, a block
+    later, reverts `AttestationWindowClosed` (the contract checks the window before the duplicate). The
+    commit was recorded as missed though this verifier's verdict stands on-chain."""
+    from krill.chain import errors as E
+
+    chain = verifier.chain
+    chain.attest_raises = TimeExhausted("attest: transaction 0x12 is not in the chain after 120 seconds")
+    verifier.step()
+    assert verifier.state.decision(7).status == PENDING
+    chain.head = COMMIT_BLOCK + WINDOW - 1  # the retry still sees the window open
+
+    def attest_too_late(commit_id, ok, digest):
+        chain.sent += 1
+        chain.attestations[commit_id] = SimpleNamespace(exists=True, ok=True)  # the first try, mined meanwhile
+        chain.head = COMMIT_BLOCK + WINDOW + 1
+        raise E.AttestationWindowClosed(f"AttestationWindowClosed({commit_id})", (commit_id, 140, 141))
+
+    chain.attest = attest_too_late
+    verifier._retry_at.clear()
+    verifier.step()
+    decision = verifier.state.decision(7)
+    assert (decision.status, decision.ok) == (ATTESTED, True), decision
+    assert verifier.attested == 0  # nothing new was attested by this try
+
+
 class TransactionFailed(ContractRevert):
     """As `krill.chain.tx` may name a mined failure no replay explains: a ContractRevert naming no error."""
 
