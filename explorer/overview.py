@@ -9,6 +9,10 @@ Design decisions:
   recently created. Sums over Uint columns are done in Python (they are decimal text on SQLite).
 - The per-version series is capped to the last `MAX_SERIES` versions so a long run still draws
   quickly; the totals cover every version.
+- A contribution counts as accepted once a published version's record names it accepted, as
+  `krill demo`'s summary counts it; the coordinator's rows say accepted from validation on, while
+  the contribution waits for a version (it may still be rejected there, as late) and while its
+  version is journalled but not published. Those are counted apart, as `accepted_unpublished`.
 """
 
 from __future__ import annotations
@@ -114,14 +118,35 @@ def series(session: Session, run_id: str) -> list[dict[str, Any]]:
     return [by_version[v] for v in sorted(by_version)]
 
 
+CONTRIBUTION_COUNTS = (*(s.value for s in ContributionStatus), "accepted_unpublished")
+
+
+def contribution_counts(session: Session, *where, by=None) -> dict[Any, dict[str, int]]:
+    """{key: {status: count}} of the coordinator's contributions matching `where`, keyed by the column
+    `by` (None: one entry, under None); accepted ones not in a published version's record are
+    `accepted_unpublished` (see the module docstring)."""
+    published = Contribution.aggregated_version <= Run.latest_version
+    keys = [] if by is None else [by]
+    rows = session.execute(select(*keys, Contribution.status, published, func.count())
+                           .join(Run, Run.run_id == Contribution.run_id).where(*where)
+                           .group_by(*keys, Contribution.status, published))
+    counts: dict[Any, dict[str, int]] = {}
+    for row in rows:
+        k, (status, in_published, n) = (row[0] if keys else None), row[-3:]
+        name = "accepted_unpublished" if status == ContributionStatus.ACCEPTED and not in_published else status.value
+        entry = counts.setdefault(k, dict.fromkeys(CONTRIBUTION_COUNTS, 0))
+        entry[name] += int(n)
+    return counts
+
+
 def _count(session: Session, stmt) -> int:
     return int(session.scalar(stmt) or 0)
 
 
 def totals(session: Session, run_id: str) -> dict[str, Any]:
     """Counts and sums over the whole run (stake totals over every participant of the deployment)."""
-    contributions = dict(session.execute(select(Contribution.status, func.count()).where(
-        Contribution.run_id == run_id).group_by(Contribution.status)).all())
+    contributions = contribution_counts(session, Contribution.run_id == run_id).get(
+        None, dict.fromkeys(CONTRIBUTION_COUNTS, 0))
     tokens, seconds = session.execute(select(func.sum(Metric.sampled_tokens), func.sum(Metric.wall_seconds))
                                       .where(Metric.run_id == run_id)).one()
     tokens, seconds = int(tokens or 0), float(seconds or 0.0)  # PostgreSQL sums integers as Decimal
@@ -147,7 +172,7 @@ def totals(session: Session, run_id: str) -> dict[str, Any]:
     return {
         "versions": _count(session, select(func.count()).select_from(Version).where(Version.run_id == run_id)),
         "commits": _count(session, select(func.count()).select_from(Commit).where(Commit.run_id == run_id)),
-        "contributions": {s.value: int(contributions.get(s, 0)) for s in ContributionStatus},
+        "contributions": contributions,
         "verdicts": _count(session, select(func.count()).select_from(Verdict).where(
             Verdict.commit_id.in_(commits_of_run))),
         "failed_verdicts": _count(session, select(func.count()).select_from(Verdict).where(

@@ -38,7 +38,7 @@ from krill.db.models import (
     Slash,
     Verdict,
 )
-from krill.explorer.overview import ROLE_NAMES, amount
+from krill.explorer.overview import CONTRIBUTION_COUNTS, ROLE_NAMES, amount, contribution_counts
 from krill.explorer.paging import NotFound, Page, PageRequest, paginate
 
 ROLES = tuple(r.name.lower() for r in ParticipantRole if r != ParticipantRole.NONE)
@@ -60,13 +60,8 @@ def participant_json(p: Participant, weighed: Contribution | None = None) -> dic
 
 
 def _contribution_counts(session: Session, addresses: list[str]) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {a: {s.value: 0 for s in ContributionStatus} for a in addresses}
-    rows = session.execute(select(Contribution.worker, Contribution.status, func.count())
-                           .where(Contribution.worker.in_(addresses))
-                           .group_by(Contribution.worker, Contribution.status))
-    for worker, status, n in rows:
-        counts[worker][status.value] = int(n)
-    return counts
+    counts = contribution_counts(session, Contribution.worker.in_(addresses), by=Contribution.worker)
+    return {a: counts.get(a, dict.fromkeys(CONTRIBUTION_COUNTS, 0)) for a in addresses}
 
 
 def weighings(session: Session, addresses: list[str]) -> dict[str, Contribution]:

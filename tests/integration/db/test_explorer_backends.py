@@ -32,7 +32,8 @@ def test_same_answers_on_both_backends_and_no_writes(db_url, tmp_path):
         status, overview = _get(app, "/api/")
         assert status == 200
         assert overview["totals"]["stake"]["worker"]["staked"] == str(750 * 10**18)
-        assert overview["totals"]["contributions"] == {"accepted": 1, "rejected": 1, "pending": 0}
+        assert overview["totals"]["contributions"] == {"accepted": 1, "rejected": 1, "pending": 0,
+                                             "accepted_unpublished": 0}
         _, page = _get(app, "/api/contributions?page=4")
         assert page["total"] == world.commits and [c["commit_id"] for c in page["items"]] == [2, 1]
         _, rejected = _get(app, "/api/contributions?status=rejected")
@@ -45,6 +46,10 @@ def test_same_answers_on_both_backends_and_no_writes(db_url, tmp_path):
         with pytest.raises(DBAPIError):
             with db.session() as s:
                 s.execute(text("DELETE FROM slashes"))
-        assert _get(app, "/api/participants?role=worker")[1]["total"] == 2
+        workers = _get(app, "/api/participants?role=worker")[1]
+        assert workers["total"] == 2
+        assert {w["address"]: (w["trust"], w["contributions"]["accepted"]) for w in workers["items"]} == {
+            world.honest: (0.25, 1), world.forger: (None, 0)}
+        assert _get(app, "/api/contributions/1")[1]["record_published"] is True
     finally:
         db.close()

@@ -57,7 +57,8 @@ def test_overview_page_has_charts_and_totals(world):
     status, data = world.client.json("/api/")
     assert status == 200
     totals = data["totals"]
-    assert totals["contributions"] == {"accepted": 1, "rejected": 1, "pending": 0}
+    assert totals["contributions"] == {"accepted": 1, "rejected": 1, "pending": 0,
+                                         "accepted_unpublished": 0}
     assert totals["slashes"] == 1 and totals["slashed_amount"] == str(250 * 10**18)
     assert totals["stake"]["worker"] == {"participants": 2, "staked": str(750 * 10**18), "unbonding": "0", "jailed": 1}
     assert totals["stake"]["verifier"]["staked"] == str(500 * 10**18)
@@ -425,3 +426,24 @@ def test_a_contribution_links_the_versions_of_its_own_run_and_only_published_rec
     assert "decided for v3, not published yet" in body and "/versions/3" not in body
     _, _, honest = world.client.get(f"/participants/{world.honest}")
     assert f'href="/versions/2?run={world.run}"' in honest and 'href="/versions/2"' not in honest
+
+
+def test_accepted_counts_only_contributions_in_a_published_record(world):
+    """Rows the coordinator accepted at validation but has not folded into a published version (waiting
+    for one, or journalled for v3, not published) are counted apart, as `krill demo`'s summary does."""
+    from krill.db.models import Contribution, ContributionStatus
+    from krill.db.session import open_database
+
+    with open_database(world.url) as db, db.write() as s:
+        for commit_id, folded in ((3, 3), (4, None)):
+            s.add(Contribution(commit_id=commit_id, run_id=world.run, worker=world.honest, version=2,
+                               status=ContributionStatus.ACCEPTED, aggregated_version=folded))
+    expected = {"accepted": 1, "rejected": 1, "pending": 0, "accepted_unpublished": 2}
+    assert world.client.json("/api/")[1]["totals"]["contributions"] == expected
+    _, honest = world.client.json(f"/api/participants/{world.honest}")
+    assert honest["contributions"] == {"accepted": 1, "rejected": 0, "pending": 0, "accepted_unpublished": 2}
+    _, workers = world.client.json("/api/participants?role=worker")
+    assert {p["address"]: p["contributions"]["accepted"] for p in workers["items"]} == {world.honest: 1,
+                                                                                        world.forger: 0}
+    _, _, body = world.client.get("/")
+    assert "+ 2 accepted, not in a published version yet" in body
