@@ -8,12 +8,17 @@ Design decisions:
   A worker's reward share is its credited amount over the total credited; a worker with accepted
   work but no settled reward yet shows 0. Amounts stay integers (token base units) so the card
   is exact and deterministic.
+- A record's weights are text: one that is not a finite number (possible only in a record the
+  release did not audit: `--audit-last`, `--unaudited`) refuses the release as a `PayloadError`
+  naming it, rather than a bare ValueError or a table of NaN.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
+from krill.errors import PayloadError
 from krill.protocol.record import AggregationRecord
 
 
@@ -54,6 +59,17 @@ def credited_rewards(chain, run_id: bytes, version: int, from_block: int = 0) ->
     return out
 
 
+def _weight(version: int, entry) -> float:
+    try:
+        weight = float(entry.weight)
+    except ValueError:
+        weight = math.nan
+    if not math.isfinite(weight):
+        raise PayloadError(f"the record of version {version} gives commit {entry.commit_id} the weight "
+                           f"{entry.weight!r}, not a finite number: audit version {version}", field="record")
+    return weight
+
+
 def contributors(records: dict[int, tuple[str, AggregationRecord]], rewards: dict[str, int]) -> list[Contributor]:
     """Every worker named by a record or credited a reward, by reward then accepted work (address breaks ties)."""
     people: dict[str, Contributor] = {}
@@ -61,11 +77,12 @@ def contributors(records: dict[int, tuple[str, AggregationRecord]], rewards: dic
     def of(address: str) -> Contributor:
         return people.setdefault(address.lower(), Contributor(address.lower()))
 
-    for _, record in (records[v] for v in sorted(records)):
+    for v in sorted(records):
+        _, record = records[v]
         for entry in record.accepted:
             c = of(entry.worker)
             c.accepted += 1
-            c.weight += float(entry.weight)
+            c.weight += _weight(v, entry)
             c.tokens += entry.tokens
         for entry in record.rejected:
             of(entry.worker).rejected += 1

@@ -79,6 +79,15 @@ def test_contributors_count_work_per_worker_and_share_rewards_from_the_chain():
     assert (by[c].accepted, by[c].rejected, by[c].rewards, by[c].share) == (0, 1, 0, 0.0)
 
 
+@pytest.mark.parametrize("weight", ["abc", "nan", "inf"])
+def test_a_weight_that_is_no_finite_number_refuses_the_contributors_table(weight):
+    """Possible in a record the release did not audit (`--audit-last`): it was a bare ValueError, or a NaN row."""
+    a = "0x" + "a" * 40
+    records = {1: ("cid1", _record(1, [(1, a, "0.5")])), 2: ("cid2", _record(2, [(7, a, weight)]))}
+    with pytest.raises(PayloadError, match=f"the record of version 2 gives commit 7 the weight '{weight}'"):
+        contributors(records, {})
+
+
 def test_token_amounts_print_exactly():
     assert _tokens(10 * 10**18) == "10.0000"
     assert _tokens(6_666_666_666_666_666_666) == "6.6666"
