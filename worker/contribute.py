@@ -81,7 +81,13 @@ from krill.phases import current, phase, recording
 from krill.protocol.spec import RunSpec
 from krill.worker.backoff import Backoff
 from krill.worker.behaviors import Behavior
-from krill.worker.errors import BrokenVersionError, JailedError, NotStakedError, WorkerStateError
+from krill.worker.errors import (
+    BrokenVersionError,
+    JailedError,
+    NotStakedError,
+    VersionNotPublishedError,
+    WorkerStateError,
+)
 from krill.worker.nonce_state import Pending, WorkerState
 from krill.worker.source import BehaviourPolicy, LearnerPolicy, RunSource, undecodable
 
@@ -286,9 +292,11 @@ class Contributor:
                 continue
             try:
                 return v, self.backoff.fetch(lambda v=v: load(v), f"version {v} ({role})")
+            except VersionNotPublishedError as exc:  # not there yet as the chain was read: asked again next time
+                self.echo(f"{exc}; working at the version before it")
             except (*undecodable(), EngineError) as exc:  # its weights do not fit the model: broken too
                 self.source.mark_broken(v, exc)
-        raise BrokenVersionError(f"no version in {lowest}..{version} can be loaded (each is broken)")
+        raise BrokenVersionError(f"no version in {lowest}..{version} can be loaded (each is broken or not published)")
 
     def package(self, made: Made):
         """Compress, serialise, hash and sign a `Made` contribution: the arguments of `submit` (save them

@@ -31,3 +31,9 @@ class WorkerStateError(WorkerError):
 class BrokenVersionError(ModelError):
     """A published version cannot be decoded (manifest, record, shards or masks): the worker skips it and
     works at the newest version before it that loads (nothing to do for the person running the worker)."""
+
+
+class VersionNotPublishedError(KrillError):
+    """The chain names no content for a version it said was published (an RPC node behind the one that said
+    so, or a reorganisation that took the publication back): not broken, only not there yet; the worker
+    works at the version before it this time and asks again next time."""

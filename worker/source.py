@@ -29,6 +29,14 @@ Design decisions:
   fetch; the worker works at the newest version before it that loads (`Contributor`). Content
   that cannot be had right now (missing, a timeout, a broken stream) raises the store's error,
   which the caller's `Backoff` retries.
+- A version whose digests the chain read does not hold (zero: "not published") is not broken: the
+  node that answered is behind the one that named the version newest (RPC providers balance reads
+  over nodes), or a reorganisation took the publication back and it will come again. It raises
+  `VersionNotPublishedError`, remembered nowhere: the contribution works at the version before it
+  and the next look-up asks the chain again. Taken for broken, the version was refused for the
+  rest of the process: every contribution of its window was made one version behind, and with
+  S_max = 0 every one went stale. What the chain answered is read from the very call the loader
+  made (`_Reading`), so a second read of another node cannot contradict it.
 """
 
 from __future__ import annotations
@@ -39,7 +47,9 @@ from collections.abc import Callable
 
 from krill.protocol.spec import RunSpec
 from krill.protocol.state import VersionState
-from krill.worker.errors import BrokenVersionError
+from krill.worker.errors import BrokenVersionError, VersionNotPublishedError
+
+_UNPUBLISHED = b"\x00" * 32  # the manifest digest the contract holds for a version it never published
 
 
 def undecodable() -> tuple[type[Exception], ...]:
@@ -90,11 +100,15 @@ class RunSource:
                 fetching.wait()
                 continue
             try:
+                reading = _Reading(self.chain)
                 try:
-                    state = load_chain_version(self.chain, self.store, self.spec, version)
+                    state = load_chain_version(reading, self.store, self.spec, version)
                     state.all_tensors()  # fetch every shard now, while the caller handles outages
                     state.masks()
                 except undecodable() as exc:
+                    if reading.unpublished:
+                        raise VersionNotPublishedError(f"version {version} is not published on the chain as read "
+                                                       "(a node behind, or a reorganisation)") from exc
                     raise self.mark_broken(version, exc) from exc
                 with self._lock:
                     self._states[version] = state
@@ -145,6 +159,19 @@ class RunSource:
         masks = state.masks()
         return {s: {n: int(masks[n].numel()) for n in state.manifest.shard_names(s)}
                 for s in range(state.manifest.num_shards)}
+
+
+class _Reading:
+    """The chain as a version loader sees it, remembering whether its read of the version found it unpublished."""
+
+    def __init__(self, chain):
+        self.chain = chain
+        self.unpublished = False
+
+    def version_of(self, run_id, version: int):
+        info = self.chain.version_of(run_id, version)
+        self.unpublished = bytes(info.manifest_digest) == _UNPUBLISHED
+        return info
 
 
 class BehaviourPolicy:

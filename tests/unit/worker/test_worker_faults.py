@@ -480,3 +480,29 @@ def test_an_unreachable_chain_while_a_mined_failure_is_classified_is_waited_out_
     outcome = contributor.submit(pending, header, dict(FILES), {}, 0.0, resumed=False)
     assert outcome.status == COMMITTED and len(chain.commits) == 1 and not outages
     assert contributor.backoff.waits == 1
+
+
+def test_a_version_the_chain_read_finds_unpublished_is_skipped_this_time_not_marked_broken(monkeypatch, tmp_path):
+    """latestVersion said 8, but the read of version 8's digests answered "not published" (a node behind the
+    first, or a reorganisation): the contribution works at 7 this time, and 8 is asked for again next time
+    instead of being refused as broken for the rest of the process."""
+    import krill.protocol.state as state_module
+
+    monkeypatch.setattr(state_module, "load_version", lambda store, spec, v, manifest, record, *rest: Loaded(v))
+    unpublished = {8: 1}  # version 8 reads as unpublished once
+
+    def version_of(run_id, v):
+        behind = unpublished.get(v, 0) > 0
+        unpublished[v] = unpublished.get(v, 0) - 1
+        return SimpleNamespace(manifest_digest=bytes(32) if behind else b"\x01" * 32, record_digest=b"\x02" * 32)
+
+    lines: list[str] = []
+    source = RunSource(SimpleNamespace(version_of=version_of), store=None, spec=SimpleNamespace(run_id=RUN), keep=8,
+                       echo=lines.append)
+    contributor = _contributor(tmp_path, lines=lines)
+    contributor.source = source
+    version, state = contributor._loadable(8, source.version, "behaviour", 6)
+    assert (version, state.v) == (7, 7) and not source.is_broken(8) and not source.broken
+    assert any("version 8 is not published" in line for line in lines)
+    version, state = contributor._loadable(8, source.version, "learner", 7)
+    assert (version, state.v) == (8, 8)
