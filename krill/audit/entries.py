@@ -136,7 +136,10 @@ def unreachable_trust(source: AuditSource, version: int, worker: str, trust: flo
         alpha = t.prior_alpha + p
         if trust <= 0.0:
             break
-        guess = round(alpha / trust - alpha - t.prior_beta)
+        beta = alpha / trust - alpha
+        if not math.isfinite(beta):  # a trust below alpha / 1.8e308: no finite count of verdicts reaches it
+            continue
+        guess = round(beta - t.prior_beta)
         for f in (guess - 1, guess, guess + 1):
             beta = t.prior_beta + f  # as `coordinator/trust.py` adds them, so the bits agree
             if 0 <= f <= fails and float(alpha / (alpha + beta)) == trust:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from krill.audit.entries import false_standing
+from krill.audit.entries import false_standing, unreachable_trust
 from krill.payload.limits import PayloadLimits
 from krill.protocol.spec import RunSpec, TrustSpec
 from krill.rl.staleness import StalenessConfig
@@ -38,3 +38,13 @@ def test_a_positive_weight_above_the_floor_contradicts_the_rejection():
     assert false_standing(default, 1, 5, "0x" + "1" * 40, "below_trust_floor") is not None
     assert false_standing(_source(TrustSpec(), StalenessConfig(), 0, fails=17), 1, 5, "0x" + "1" * 40,
                           "below_trust_floor") is None
+
+
+def test_a_trust_no_verdicts_reach_fails_its_check_even_where_the_arithmetic_overflows():
+    """With a floor of 0 a record may claim trust 1e-320: prior_alpha / trust overflows, and the check raised
+    OverflowError, ending the version's audit as an internal fault before its other checks."""
+    source = _source(TrustSpec(floor=0.0), StalenessConfig(), commit_version=0, fails=3)
+    for trust in (1e-320, 5e-324):
+        said = unreachable_trust(source, 1, "0x" + "1" * 40, trust)
+        assert said is not None and f"trust {trust!r} is not (prior" in said
+    assert unreachable_trust(source, 1, "0x" + "1" * 40, 1 / (1 + 3 + 3)) is None  # three failing verdicts
