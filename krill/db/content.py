@@ -84,7 +84,8 @@ def fetch_header(store, facts: CommitFacts, limits: PayloadLimits = HEADER_LIMIT
     mismatch = _contradiction(header, facts)
     if mismatch is not None:
         return Fetched(FetchStatus.INVALID, mismatch)
-    shards = sorted(int(m[1]) for m in map(_GRAD.match, header.files) if m and grad_file(int(m[1])) in header.files)
+    # Each shard once: `grad-00.safetensors` beside `grad-0.safetensors` is a name of shard 0 too.
+    shards = sorted({int(m[1]) for m in map(_GRAD.match, header.files) if m and grad_file(int(m[1])) in header.files})
     values = dict(run_name=header.run_id, task=header.task, engine=header.engine, manifest_cid=header.manifest_cid,
                   prompt_seed=header.prompt_seed, sampling_seed=header.sampling.seed,
                   temperature_milli=header.sampling.temperature_milli, top_p_milli=header.sampling.top_p_milli,
