@@ -6,7 +6,9 @@ Design decisions:
   nearest deadline first, and re-reads the chain head after each replay, since replays are the
   slow part and windows are counted in blocks. Commits that end at the draw share one head and
   one read of each randomness block per pass (`PassReads`).
-- Per commit: window still open? drawn for this verifier's key, by the hash of the block after
+- Per commit: window still open (if not: missed, unless the draw passes over it, which makes it
+  `skipped` as in time: a verifier down for a while, or starting on a run under way, used to report
+  every commit of the gap as missed)? drawn for this verifier's key, by the hash of the block after
   the commit (`select.drawn`)? If so: randomness sealed (seal it now) and selected on-chain by the
   sealed value? already attested by this account on-chain (a crash right after attesting)? Only
   then replay and attest. Every way out is recorded exactly once.
@@ -226,6 +228,14 @@ class VerifierLoop:
             fault = self._faults.get(job.commit_id)
             # An attestation sent before a passing fault (its receipt never came) may have landed after all.
             if fault is not None and self._found_on_chain(job, "found on chain (sent before a passing fault)"):
+                return
+            # Missed only if this verifier had to check it: one its draw passes over was not selected, whenever
+            # it looked (a first start on a run under way, a restart after downtime).
+            hashed = reads.block_randomness(job.commit_block)
+            if (hashed is not None and job.corroborates is None and job.commit_id not in self._origins
+                    and not select.drawn(hashed, job.commit_id, self.who.key, self.spec.chain.check_probability_ppm)):
+                self._finish(job, SKIPPED, reason=f"not selected (drawn on the hash of block {job.commit_block + 1}, "
+                                                  "not sealed; its window had closed)")
                 return
             self._finish(job, MISSED, reason="challenge window closed before a verdict"
                          + (f" (last fault: {fault})" if fault is not None else ""))

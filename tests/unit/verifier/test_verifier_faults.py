@@ -23,7 +23,7 @@ from krill.store.fetcher import Fetcher
 from krill.verifier.attest import Who
 from krill.verifier.loop import LoopSettings, VerifierLoop
 from krill.verifier.replay import Policies, Replayer, ReplayResult, RunDataUnavailable, _Run
-from krill.verifier.state import ATTESTED, ERROR, MISSED, PENDING, Job, VerifierState
+from krill.verifier.state import ATTESTED, ERROR, MISSED, PENDING, SKIPPED, Job, VerifierState
 
 RUN = b"\x01" * 32
 CONTRACT = "0x" + "cc" * 20
@@ -421,6 +421,25 @@ def test_a_retry_refused_as_too_late_after_an_earlier_try_landed_records_that_at
     decision = verifier.state.decision(7)
     assert (decision.status, decision.ok) == (ATTESTED, True), decision
     assert verifier.attested == 0  # nothing new was attested by this try
+
+
+@pytest.mark.parametrize(("probability_ppm", "status"), [(0, SKIPPED), (1_000_000, MISSED)])
+def test_a_commit_whose_window_closed_before_the_verifier_looked_is_missed_only_if_drawn(tmp_path, monkeypatch,
+                                                                                         probability_ppm, status):
+    """A verifier down for a while (or starting on a run under way) recorded every commit of the gap as missed,
+    those its draw passes over too: status reported as missed work it never had to do."""
+    monkeypatch.setattr(loop_module, "Replayer", FakeReplayer)
+    state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
+    state.add_jobs([Job(7, WORKER, 3, 0, b"\x05" * 32, COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
+    spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
+                                                             check_probability_ppm=probability_ppm))
+    chain = FakeChain()
+    chain.head = COMMIT_BLOCK + 10 * WINDOW
+    loop = VerifierLoop(chain, FakeStore(), spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
+                        LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    loop.step()
+    assert state.decision(7).status == status and chain.sent == 0
+    assert state.counts()[MISSED] == (status == MISSED)
 
 
 class TransactionFailed(ContractRevert):
