@@ -9,6 +9,9 @@ Design decisions:
 - A database that cannot be opened (server down, wrong password, no such driver, a SQLite folder
   that cannot be made) is one `DatabaseError` line naming the URL with its password hidden
   (`database_errors`), for every command that opens one, as the explorer already did.
+- An index of another schema version is refused with "run `krill index rebuild`"; that command opens
+  the database with `rebuilding_index`, which resets such index tables before the version check,
+  so the advice is not a dead end. Role state of another version is still refused, untouched.
 - The password comes from the configuration (KRILL_KEYSTORE__PASSWORD) or, interactively, a prompt
   that the CLI layer supplies; long-running roles never prompt on their own.
 - Heavy imports (web3, torch) happen inside the functions.
@@ -122,12 +125,46 @@ def database_errors(url: str, setting: str = "database.url", what: str = "the da
                             f"{f' ({exc.filename})' if exc.filename else ''}; check {setting}") from None
 
 
-def open_configured_database(config: KrillConfig):
+def open_configured_database(config: KrillConfig, *, rebuilding_index: bool = False):
+    """The configured database, its tables created and schema versions checked. `rebuilding_index` (for
+    `krill index rebuild`, which the index's `SchemaVersionError` names as the remedy) first resets index
+    tables of another schema version, so the command that error advises can open the database at all."""
     from krill.db.session import open_database
 
     Path(krill_home()).mkdir(parents=True, exist_ok=True)
     with database_errors(config.database.url):
-        return open_database(config.database.url)
+        if not rebuilding_index:
+            return open_database(config.database.url)
+        db = open_database(config.database.url, create=False)
+        try:
+            _reset_index_of_another_version(db)
+            db.create_all()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+
+def _reset_index_of_another_version(db) -> None:
+    """Reset the index tables when their recorded schema version is not this Krill's. Nothing else is
+    touched, and role state of another version is refused (`SchemaVersionError`) before anything is."""
+    from sqlalchemy import select
+
+    from krill.db.errors import SchemaVersionError
+    from krill.db.models import SchemaVersion
+    from krill.db.session import SCHEMA_VERSIONS
+
+    if SchemaVersion.__tablename__ not in db.table_names():
+        return  # a new database: create_all makes every table
+    with db.session() as session:
+        found = {row.component: row.version for row in session.scalars(select(SchemaVersion))}
+    if found.get("state", SCHEMA_VERSIONS["state"]) != SCHEMA_VERSIONS["state"]:
+        # create_all checks the index first, and would advise the rebuild under way
+        raise SchemaVersionError(f"the state tables of {db.engine.url.render_as_string(hide_password=True)} have "
+                                 f"schema version {found['state']}; this Krill uses {SCHEMA_VERSIONS['state']}: "
+                                 "use a new database (role state is never migrated silently)")
+    if found.get("index", SCHEMA_VERSIONS["index"]) != SCHEMA_VERSIONS["index"]:
+        db.reset_index()
 
 
 def run_id_of(config: KrillConfig) -> bytes:

@@ -4,7 +4,9 @@ Design decisions:
 - Everything comes from the effective configuration: chain (RPC URL, protocol address, deploy
   block, confirmations, retries), store and database. The index starts at `chain.deploy_block`.
 - `sync` makes one pass (or keeps following with `--follow` until Ctrl-C); `rebuild` drops only
-  the index tables and replays from the deploy block; role state is never touched.
+  the index tables and replays from the deploy block; role state is never touched. It is the
+  remedy `SchemaVersionError` names for an index of another schema version, so it opens the
+  database with `rebuilding_index`, which resets such index tables instead of refusing them.
 - Output is one line per pass (blocks, events, content fetched); `--json` prints machine-readable
   reports. web3 and SQLAlchemy are imported inside the commands so `krill --help` stays instant.
 """
@@ -19,7 +21,7 @@ import click
 from krill.commands.context import current_config
 
 
-def _open(stack: ExitStack, with_store: bool = True):
+def _open(stack: ExitStack, with_store: bool = True, rebuilding: bool = False):
     from krill.db.indexer import Indexer
     from krill.runtime import connect_chain, open_configured_database
 
@@ -27,7 +29,7 @@ def _open(stack: ExitStack, with_store: bool = True):
     # The one way every command connects: an unreachable node is a one-line error, a wrong chain id refused;
     # a database that cannot be opened is one line too.
     chain = connect_chain(config)
-    db = stack.enter_context(open_configured_database(config))
+    db = stack.enter_context(open_configured_database(config, rebuilding_index=rebuilding))
     store = None
     if with_store:
         from krill.store.base import open_store
@@ -84,7 +86,7 @@ def sync(follow: bool, poll_s: float | None, no_store: bool, as_json: bool) -> N
 def rebuild(no_store: bool, as_json: bool) -> None:
     """Drop the index tables and replay the chain from the deploy block (role state is kept)."""
     with ExitStack() as stack:
-        indexer, _ = _open(stack, with_store=not no_store)
+        indexer, _ = _open(stack, with_store=not no_store, rebuilding=True)
         report = indexer.rebuild()
         click.echo(_report_json(report) if as_json else "rebuilt: " + _line(report))
 
