@@ -11,7 +11,9 @@ Design decisions:
     recompute fails as not attempted). Trust is the coordinator's Beta posterior over the verdicts it
     counted, which the audit cannot pin down; it checks that the claim is reachable
     (`unreachable_trust`: some p passing and f failing verdicts, at most those on the worker's commits
-    before the version's publication, give exactly that value);
+    before the version's publication that the coordinator's rule counts, give exactly that value: the
+    commit's draw selected the verifier, whose key was on-chain by the commit's block,
+    `AuditSource.counts_towards_trust`);
   * `nonce`: the commit is the run's first by its worker with its nonce. The rule is read from the
     chain's `Committed` events of the run (`AuditSource.first_commit`), so a nonce reused in a commit
     the record never mentions (rejected, or of another version) is caught as the coordinator catches it;
@@ -127,11 +129,13 @@ def unreachable_trust(source: AuditSource, version: int, worker: str, trust: flo
     and failing verdicts it counts (`coordinator/trust.py`): those of selected verifiers on the
     worker's commits of the run, less refuted ones, read before the version closed. The audit cannot
     tell which verdicts counted, but every counted one is among the `Attested` events on the worker's
-    commits before the version's publication block: p and f are at most those counts (P, F). A claim no
-    p <= P, f <= F gives (a sybil at 1.0, an honest worker held at the floor) fails."""
+    commits before the version's publication block whose verifier the commit's draw selected, keyed by
+    the commit's block (`AuditSource.verdict_counts`): p and f are at most those counts (P, F). A claim no
+    p <= P, f <= F gives (a sybil at 1.0, or passed by its own unselected verifiers; an honest worker held
+    at the floor) fails."""
     t = source.spec.trust
     info = source.version_info(version)
-    passes, fails = source.history.verdict_counts(worker, int(info.published_block) if info is not None else 0)
+    passes, fails = source.verdict_counts(worker, int(info.published_block) if info is not None else 0)
     for p in range(passes + 1):
         alpha = t.prior_alpha + p
         if trust <= 0.0:
@@ -327,8 +331,8 @@ def false_standing(source: AuditSource, version: int, commit_id: int, worker: st
       rollouts (read from its header) within S_max of its learner version;
     * `jailed`: the worker had no `WorkerJailed` event and is not jailed now (a jail is never lifted);
     * `slashed`: the commit had no `Slashed` event;
-    * `below_trust_floor`: even counting every failing verdict on the worker's commits and no
-      passing one, its trust is at or above the run's floor, and that trust x the commit's staleness
+    * `below_trust_floor`: even counting every failing verdict on the worker's commits that the
+      coordinator's rule counts (`AuditSource.verdict_counts`) and no passing one, its trust is at or above the run's floor, and that trust x the commit's staleness
       weight is a positive weight."""
     spec, info = source.spec, source.version_info(version)
     published = int(info.published_block) if info is not None else 0
@@ -363,7 +367,7 @@ def false_standing(source: AuditSource, version: int, commit_id: int, worker: st
             return None
         return f"{said}, but the commit was not slashed before version {version} was published (block {published})"
     t = spec.trust
-    _, fails = source.history.verdict_counts(worker, published)
+    _, fails = source.verdict_counts(worker, published)
     lowest = float(t.prior_alpha / (t.prior_alpha + (t.prior_beta + fails)))  # as `coordinator/trust.py` computes it
     if lowest < t.floor or not _lowest_weight(source, version, commit_id, lowest) > 0.0:
         return None

@@ -21,6 +21,10 @@ Design decisions:
   in time (`krill.audit.coverage`) follows from them. So is each `WorkerJailed` (the first per worker,
   whatever the run: a stake is jailed for good, across runs), which a rejection as `jailed` must
   follow.
+- Each verdict on a commit of the run is kept with its commit and verifier, and each account's first
+  `Staked` block: trust counts only the verdicts of verifiers the commit's draw selected and whose key
+  was on-chain by the commit's block (`coordinator/standing.py`), and `verdict_counts` takes that rule
+  as a predicate (`AuditSource.counts_towards_trust`), since the draw needs the commits' views.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ class RunHistory:
     credits: dict[int, list] = field(default_factory=lambda: defaultdict(list))  # version -> RewardCredited
     failing_evidence: dict[int, list[bytes]] = field(default_factory=lambda: defaultdict(list))  # commit -> digests
     slashes: dict[int, object] = field(default_factory=dict)  # commit id -> its Slashed event
-    verdicts: dict[str, list[tuple[int, bool]]] = field(default_factory=lambda: defaultdict(list))  # worker -> (block, ok)
+    # worker -> (block, ok, commit id, verifier) of each verdict on its commits of the run
+    verdicts: dict[str, list[tuple[int, bool, int, str]]] = field(default_factory=lambda: defaultdict(list))
+    staked: dict[str, int] = field(default_factory=dict)  # account -> block of its first Staked event
     commits: dict[int, tuple[int, str]] = field(default_factory=dict)  # commit id of the run -> (block, worker)
     jailed: dict[str, int] = field(default_factory=dict)  # worker -> block of its WorkerJailed event
 
@@ -52,13 +58,14 @@ class RunHistory:
             RewardCredited,
             RewardsFunded,
             Slashed,
+            Staked,
             VersionSettled,
             WorkerJailed,
         )
 
         history, fails, pool = cls(), {}, 0
         commits = history.commits  # the run's commits so far: verdicts count for the run when their commit is one
-        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed, WorkerJailed)
+        kinds = (Committed, Attested, RewardsFunded, RewardCredited, VersionSettled, Slashed, WorkerJailed, Staked)
         events = sorted(chain.events(from_block=from_block, kinds=kinds), key=lambda e: (e.block_number, e.log_index))
         for event in events:
             where = (event.block_number, event.log_index)
@@ -69,11 +76,14 @@ class RunHistory:
             elif isinstance(event, Attested):
                 fails[event.commit_id] = max(fails.get(event.commit_id, 0), int(event.fail_count))
                 if event.commit_id in commits:  # a commit of this run: committed before its verdicts
-                    history.verdicts[commits[event.commit_id][1]].append((event.block_number, bool(event.ok)))
+                    history.verdicts[commits[event.commit_id][1]].append(
+                        (event.block_number, bool(event.ok), event.commit_id, event.verifier.lower()))
                 if not event.ok:
                     history.failing_evidence[event.commit_id].append(bytes(event.evidence_digest))
             elif isinstance(event, Slashed):
                 history.slashes[event.commit_id] = event
+            elif isinstance(event, Staked):
+                history.staked.setdefault(event.account.lower(), event.block_number)
             elif isinstance(event, WorkerJailed):
                 history.jailed.setdefault(event.worker.lower(), event.block_number)
             elif isinstance(event, RewardsFunded) and event.run_id == run_id:
@@ -90,9 +100,11 @@ class RunHistory:
         history.slashes = {c: e for c, e in history.slashes.items() if c in commits}
         return history
 
-    def verdict_counts(self, worker: str, before_block: int) -> tuple[int, int]:
-        """(passing, failing) verdicts on `worker`'s commits of the run in blocks before `before_block`."""
-        seen = [ok for block, ok in self.verdicts.get(worker.lower(), []) if block < before_block]
+    def verdict_counts(self, worker: str, before_block: int, counts=None) -> tuple[int, int]:
+        """(passing, failing) verdicts on `worker`'s commits of the run in blocks before `before_block`; with
+        `counts(commit_id, verifier)`, only those it admits."""
+        seen = [ok for block, ok, commit_id, verifier in self.verdicts.get(worker.lower(), [])
+                if block < before_block and (counts is None or counts(commit_id, verifier))]
         return sum(seen), len(seen) - sum(seen)
 
     def pool_at(self, point: Point) -> int:

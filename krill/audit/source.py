@@ -180,6 +180,30 @@ class AuditSource:
             self._keys[worker] = bytes(self.chain.stake_of(Web3.to_checksum_address(worker)).ed25519_public_key)
         return self._keys[worker]
 
+    def counts_towards_trust(self, commit_id: int, verifier: str) -> bool:
+        """Whether a verdict of `verifier` on `commit_id` is one the coordinator counts towards trust
+        (`coordinator/standing.py`): the commit's sealed randomness selected the verifier's key (the
+        contract's draw, `krill.protocol.selection.drawn`, at the run spec's check probability), and that
+        key was on-chain by the commit's block (its first `Staked` event then or earlier, or before the
+        run: none in the history). Anyone staked may attest: without this rule a worker's own sybil
+        verifiers passing its commits bounded the trust a record may claim from above, not the draw."""
+        from krill.protocol.selection import drawn
+
+        commit = self.commit(commit_id)
+        if bytes(commit.randomness) == ZERO32:
+            return False  # never sealed: nobody was selected
+        first = self.history.staked.get(verifier.lower())
+        if first is not None and first > int(commit.commit_block):
+            return False
+        key = self.staked_key(verifier)
+        return key != ZERO32 and drawn(bytes(commit.randomness), int(commit_id), key,
+                                       int(self.spec.chain.check_probability_ppm))
+
+    def verdict_counts(self, worker: str, before_block: int) -> tuple[int, int]:
+        """(passing, failing) verdicts that count towards `worker`'s trust (`counts_towards_trust`), on its
+        commits of the run in blocks before `before_block`."""
+        return self.history.verdict_counts(worker, before_block, self.counts_towards_trust)
+
     def jailed_now(self, worker: str) -> bool:
         """Whether the chain holds `worker`'s stake jailed now (a jail is never lifted)."""
         from web3 import Web3

@@ -25,6 +25,7 @@ from krill.chain.events import (
     RewardCredited,
     RewardsFunded,
     Slashed,
+    Staked,
     VersionSettled,
     WorkerJailed,
 )
@@ -83,8 +84,25 @@ class FakeChain:
         self.commits[commit_id] = CommitInfo(run_id=self.run_id, worker=Web3.to_checksum_address(worker),
                                              version=version, header_digest=header_digest, nonce=nonce,
                                              commit_block=10 + commit_id if block is None else block, pass_count=0,
-                                             fail_count=0, slashed=False, randomness=ZERO32)
+                                             fail_count=0, slashed=False,
+                                             randomness=hashlib.sha256(b"randomness %d" % commit_id).digest())
         return commit_id
+
+    def stake(self, account: str, key: bytes, block: int) -> None:
+        """`account` stakes with Ed25519 key `key` at `block` (its key is fixed from then on)."""
+        self.keys.setdefault(account.lower(), key)
+        self._emit(Staked, block, account=Web3.to_checksum_address(account), role=2, amount=1, staked=1,
+                   ed25519_public_key=key)
+
+    def selected_key(self, commit_id: int) -> bytes:
+        """A verifier key the draw of `commit_id` selects at the run's check probability."""
+        from krill.protocol.selection import drawn
+
+        c = self.commits[commit_id]
+        for i in itertools.count():
+            key = hashlib.sha256(b"verifier key %d" % i).digest()
+            if drawn(c.randomness, commit_id, key, self.params.check_probability_ppm):
+                return key
 
     def fund(self, amount: int, block: int = 50) -> None:
         self.pool += amount
@@ -103,6 +121,10 @@ class FakeChain:
         self._emit(VersionSettled, block, run_id=self.run_id, version=version, accounts=len(credits), total=total)
 
     def attest(self, commit_id: int, ok: bool, verifier: str = "0x" + "ee" * 20) -> None:
+        """A verdict of `verifier`; one with no key yet gets one the commit's draw selects (staked before the run),
+        so that the verdict counts towards trust."""
+        if verifier.lower() not in self.keys:
+            self.keys[verifier.lower()] = self.selected_key(commit_id)
         c = self.commits[commit_id]
         c = dataclasses.replace(c, pass_count=c.pass_count + ok, fail_count=c.fail_count + (not ok))
         self.commits[commit_id] = c

@@ -128,3 +128,31 @@ def test_a_trust_no_count_of_the_workers_verdicts_gives_fails_the_weight_check(t
     failed = _failed(audit_versions(world.source(), [2])[0])
     assert "trust 1.0 is not (prior 1 + p)" in failed["commit 4 weight"]  # a sybil's claim
     assert "for any p <= 2 passing and f <= 0 failing" in failed["commit 5 weight"]  # 3 passes: one too many
+
+
+def test_only_verdicts_the_coordinator_counts_bound_a_claimed_trust(tmp_path):
+    """Anyone staked may attest, so the coordinator counts a verdict towards trust only when the commit's draw
+    selected its verifier and the verifier's key was on-chain by the commit's block (`coordinator/standing.py`).
+    The audit bounded a claimed trust by every verdict: a coordinator's sybil worker, passed by its own
+    unselected or late-keyed verifiers, could be weighed towards 1 and the audit passed it."""
+    import itertools
+
+    from krill.protocol.selection import drawn
+
+    world = World(tmp_path)
+    chain, worker = world.chain, "0x" + "01" * 20
+    ppm = world.spec.chain.check_probability_ppm
+    unselected, late, counted = (chain.commit(worker, 0, n, bytes([n + 1]) * 32, block=50 + n) for n in range(3))
+    key = next(k for i in itertools.count() if not drawn(chain.commits[unselected].randomness, unselected,
+                                                         k := hashlib.sha256(b"sybil %d" % i).digest(), ppm))
+    chain.stake("0x" + "e1" * 20, key, block=5)
+    chain.attest(unselected, True, "0x" + "e1" * 20)  # staked before the run, but the draw did not select it
+    chain.stake("0x" + "e2" * 20, chain.selected_key(late), block=chain.commits[late].commit_block + 1)
+    chain.attest(late, True, "0x" + "e2" * 20)  # selected, but its key came after the commit: it could grind one
+    chain.attest(counted, True, "0x" + "e3" * 20)  # selected, keyed before the run: counts
+    claims = {4: repr(2 / 5), 5: repr(3 / 6), 6: repr(4 / 7)}  # one, two and three passes
+    world.publish(1, accepted=[_entry(c, trust=t, weight=t) for c, t in claims.items()])
+    failed = _failed(audit_versions(world.source(), [1])[0])
+    assert "commit 4 weight" not in failed, failed
+    for c in (5, 6):
+        assert "for any p <= 1 passing and f <= 0 failing" in failed[f"commit {c} weight"], failed

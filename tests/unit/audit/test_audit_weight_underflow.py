@@ -14,8 +14,8 @@ from krill.rl.staleness import StalenessConfig
 def _source(trust: TrustSpec, staleness: StalenessConfig, commit_version: int, fails: int = 0):
     spec = RunSpec(name="unit", base_manifest_cid="bafkreifjjcie6lypi6ny7amxnfftagclbuxndqonfipmb64f2km2devei4",
                    limits=PayloadLimits(vocab_size=16), trust=trust, staleness=staleness)
-    history = SimpleNamespace(verdict_counts=lambda worker, before: (0, fails))
-    return SimpleNamespace(spec=spec, history=history, version_info=lambda v: SimpleNamespace(published_block=100),
+    return SimpleNamespace(spec=spec, verdict_counts=lambda worker, before: (0, fails),
+                           version_info=lambda v: SimpleNamespace(published_block=100),
                            commit=lambda c: SimpleNamespace(version=commit_version))
 
 
