@@ -35,8 +35,10 @@ Design decisions:
     say the content was unavailable (else honest work was slashed on a false quorum, which
     one staked verifier and the coordinator could otherwise do to any worker).
 - The run's parameters (quorum, challenge window, reward per version) are the chain's, which the
-  contract enforces. Events come from one scan (`AuditSource.history`); a due commit is re-read from
-  the contract's view, which is authoritative.
+  contract enforces. Events come from one scan (`AuditSource.history`), read again when the version's
+  view (read fresh) says settled and the scan holds no settlement of it: on a live run a coordinator
+  settles the latest version while `--all` works through the earlier ones. A due commit is re-read
+  from the contract's view, which is authoritative.
 - The settlement is checked against the record as published: whether the record itself is sound is
   the other rows' business, and a version whose fold does not match its record can still be settled
   exactly as its record says.
@@ -86,6 +88,9 @@ def check_settlement(source: AuditSource, version: int, info) -> tuple[bool, str
 def _check_paid(source: AuditSource, version: int, info, accepted: list[dict]) -> tuple[bool, str]:
     history, per_version = source.history, int(source.run.params.reward_per_version)
     events = history.settlements.get(version, [])
+    if not events:  # settled after the run's events were read (a live run): read them again
+        history = source.refresh_history()
+        events = history.settlements.get(version, [])
     if len(events) != 1:
         return False, f"the chain says settled, yet {len(events)} VersionSettled events of the version were found"
     settled = events[0]

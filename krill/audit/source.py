@@ -21,6 +21,8 @@ Design decisions:
 - The run's events are read once (`krill.audit.history.RunHistory`): its `Committed` events, so the
   audit can apply the coordinator's nonce rule (a worker's nonce counts once in a run: its first
   commit) from public data alone, and the verdicts, fundings and settlements the ledger checks read.
+  On a live run the chain moves on during an audit; where a view read later names what the scan
+  cannot have seen (a version settled since), the ledger reads the events again (`refresh_history`).
 """
 
 from __future__ import annotations
@@ -152,6 +154,11 @@ class AuditSource:
         if self._history is None:
             self._history = RunHistory.read(self.chain, self.spec.run_id, int(self.run.created_block))
         return self._history
+
+    def refresh_history(self) -> RunHistory:
+        """The run's events read again: a view read after the scan (a version settled since) may need them."""
+        self._history = None
+        return self.history
 
     @property
     def task(self):

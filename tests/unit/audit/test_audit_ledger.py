@@ -44,6 +44,23 @@ def test_a_settlement_by_the_record_passes(tmp_path):
     assert dict(_split(per_version)) == {A: per_version * 5 // 7, B: per_version * 2 // 7 + 1}  # B's remainder is larger
 
 
+def test_a_settlement_after_the_audit_read_the_events_passes(tmp_path):
+    """The run's events are read once per audit run. On a live run the coordinator settles the latest
+    version while `--all` (or a release's lineage audit) works through the earlier ones: the chain's view
+    then says settled, and the events read before held no settlement, which failed an honest version."""
+    world = _world(tmp_path)
+    per_version = world.chain.params.reward_per_version
+    world.publish(1)
+    world.publish(2, accepted=ACCEPTED)
+    source = world.source()
+    (first,) = audit_versions(source, [1])  # reads the run's events
+    world.chain.settle(2, _split(per_version))
+    (second,) = audit_versions(source, [2])
+    row = _row(second, "settlement")
+    assert row.ok, row.detail
+    assert f"{per_version} credited to 2 accounts" in row.detail
+
+
 def test_a_coordinator_paying_itself_fails_the_settlement(tmp_path):
     world = _world(tmp_path)
     per_version = world.chain.params.reward_per_version
