@@ -29,6 +29,12 @@ Design decisions:
 - On its first pass the coordinator adopts the published versions its journal lacks within the
   staleness window (`krill.coordinator.adopt`): a coordinator on a new database folded their
   contributions a second time.
+- `max_versions` ends the loop once that version is published and settled and no slash is due
+  (`krill.coordinator.slash.pending`: a commit at the failing quorum that was neither slashed nor
+  refuted). The verifiers fail the last version's contributions while it is folded and published;
+  a loop that ended right after publishing left those slashes undone, and the cheater kept its stake
+  (a restart slashed them only if someone restarted it). A verdict that lands after the loop ended
+  is slashed by the next `krill coordinator run`, whose first pass slashes before anything else.
 - Version 0 is evaluated at start; version t when t is a multiple of `eval_every` (and the last
   version when `max_versions` stops the loop), so the demo always has a final figure.
 """
@@ -50,6 +56,7 @@ from krill.coordinator.journal import DecisionState, ensure_tables, mark_settled
 from krill.coordinator.metrics import VersionFigures, figures, record_metrics, status_line
 from krill.coordinator.publish import complete_version
 from krill.coordinator.settle import settle_version
+from krill.coordinator.slash import pending as slashes_pending
 from krill.coordinator.slash import slash_due
 from krill.errors import ChainUnavailableError, StoreUnavailableError
 from krill.phases import phase, recording
@@ -81,6 +88,7 @@ class Coordinator:
         self._latest: int | None = None
         self._stop: threading.Event | None = None  # `run`'s: once set, no new version is decided
         self._adopted = False  # whether the published versions the journal lacks were adopted
+        self._announced: list[int] = []  # the slashes `done` last said it waits for
         ensure_tables(ctx.db)
 
     # ------------------------------------------------------------------ one pass
@@ -93,14 +101,24 @@ class Coordinator:
         return self._latest
 
     def done(self) -> bool:
-        """True once `max_versions` is published and settled."""
+        """True once `max_versions` is published and settled and no slash is due (by the index, synced
+        here first: the last version's verdicts land while it is folded, settled and evaluated)."""
         limit = self.options.max_versions
         if limit is None:
             return False
         if self.latest_version() < limit:
             return False
         with self.ctx.db.session() as s:
-            return not unfinished(s, self.ctx.run_hex)
+            if unfinished(s, self.ctx.run_hex):
+                return False
+        with phase("index"):
+            self.indexer.sync()
+        due = slashes_pending(self.ctx)
+        if due and due != self._announced:
+            self.echo(f"version {limit} is the last; waiting to slash or refute commit(s) "
+                      f"{', '.join(map(str, due[:16]))}{' ...' if len(due) > 16 else ''} before stopping")
+        self._announced = due
+        return not due
 
     def step(self) -> list[VersionFigures]:
         """One pass; returns the figures of the versions it published."""

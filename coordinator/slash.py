@@ -11,6 +11,10 @@ Design decisions:
   (`krill.coordinator.confirm`) and slashes only what its own replay fails. A refuted quorum is
   recorded and reported, never slashed, and never replayed again; one the replay cannot decide
   yet (content still being fetched, or missing before the run's deadline) waits for a later pass.
+- `pending` names the commits a later pass still has to slash or refute (at quorum in the index, not
+  slashed, not refuted). The loop does not end at `max_versions` while there are any: the verdicts on
+  the last version's contributions land while it is folded and published, and a loop that ended
+  right after publishing left those slashes undone (the cheater kept its stake and its reward).
 """
 
 from __future__ import annotations
@@ -30,6 +34,23 @@ class SlashOutcome:
     note: str = ""
 
 
+def _at_quorum(session, ctx) -> list[tuple[int, str]]:
+    """(commit id, worker) of the run's commits at the failing quorum in the index and not slashed."""
+    return list(session.execute(select(Commit.commit_id, Commit.worker).where(
+        Commit.run_id == ctx.run_hex, Commit.fail_count >= ctx.spec.chain.attestation_quorum,
+        Commit.slashed.is_(False)).order_by(Commit.commit_id)).all())
+
+
+def pending(ctx) -> list[int]:
+    """Commit ids that a later `slash_due` still has to slash or refute, by the index."""
+    from krill.coordinator.confirm import refuted
+
+    with ctx.db.session() as s:
+        due = _at_quorum(s, ctx)
+        settled = refuted(s, ctx.run_hex) if due else set()
+    return [commit_id for commit_id, _ in due if commit_id not in settled]
+
+
 def slash_due(ctx, now: float | None = None) -> list[SlashOutcome]:
     """Slash every commit of the run that a quorum of verifiers failed and the coordinator's replay confirms."""
     import time
@@ -41,9 +62,7 @@ def slash_due(ctx, now: float | None = None) -> list[SlashOutcome]:
     now = time.time() if now is None else now
     quorum = ctx.spec.chain.attestation_quorum
     with ctx.db.session() as s:
-        due = s.execute(select(Commit.commit_id, Commit.worker).where(
-            Commit.run_id == ctx.run_hex, Commit.fail_count >= quorum, Commit.slashed.is_(False))
-            .order_by(Commit.commit_id)).all()
+        due = _at_quorum(s, ctx)
         settled = refuted(s, ctx.run_hex) if due else set()
     out = []
     for commit_id, worker in due:

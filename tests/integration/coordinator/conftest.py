@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from krill.model.build import TinyModelSpec, build_tiny_model
@@ -55,7 +56,7 @@ class Env:
         c.stake(Role.WORKER if index < 10 else Role.VERIFIER, 100 * TOKEN, bytes(key.verify_key))
         return account, Identity(self.deployment.chain_id, self.deployment.protocol.lower(), account.address.lower(), key)
 
-    def produce(self, who, nonce: int, version: int = 0, forge_rewards: bool = False):
+    def produce(self, who, nonce: int, version: int = 0, forge_rewards: bool = False, shift_gradients: bool = False):
         from krill.protocol.policy import build_model, load_tokenizer
         from krill.protocol.state import load_chain_version
         from krill.protocol.work import learn, package, sample
@@ -70,6 +71,11 @@ class Env:
         if forge_rewards:  # what the forge-rewards worker reports: every claim wrong
             sampled.rewards = (1.0 - sampled.rewards).to(sampled.rewards.dtype)
         learned = learn(self.spec, model, state, sampled, list(range(self.spec.num_shards)), tok.pad_token_id)
+        if shift_gradients:  # gradient values the batch does not give: ingest cannot tell, a verifier's recompute can
+            from krill.protocol.work import Learned
+
+            learned = Learned(learned.learner_version, {s: {n: v + np.float32(0.5) for n, v in values.items()}
+                                                        for s, values in learned.values.items()}, learned.seconds)
         return package(self.spec, task, who, state, sampled, learned)
 
     def upload(self, header, files, with_files: bool = True) -> None:

@@ -300,3 +300,45 @@ def test_the_audit_judges_a_slash_by_its_grounds(coordinator_env):
     assert "no failing verdict said its content was unavailable" in judge_slash(source, framed, window)
     assert judge_slash(source, withheld_then_uploaded, window) is None  # the audit cannot tell when it came
     assert judge_slash(source, forged, window) is None  # the replay fails it at rewards
+
+
+def test_a_coordinator_stopping_at_max_versions_first_slashes_what_became_due_while_it_published(coordinator_env):
+    """The verifier fails the forged gradient of the last version while the coordinator folds and
+    publishes it. The loop ended as soon as the last version was published and settled, with the
+    slash due and never made: the cheater kept its stake and could go on under its account."""
+    import threading
+
+    from krill.coordinator.loop import Coordinator, LoopOptions
+
+    env = coordinator_env()
+    (honest, w_honest), (cheat, w_cheat) = env.stake(1), env.stake(2)
+    verifier, _ = env.stake(10)
+    commits = {}
+    for name, account, who in (("honest", honest, w_honest), ("forged", cheat, w_cheat)):
+        header, files = env.produce(who, nonce=0, shift_gradients=name == "forged")
+        env.upload(header, files)
+        commits[name] = env.commit(account, header)
+
+    ctx, indexer = env.context()
+    publish = ctx.chain.publish_version
+
+    def publish_while_the_verifier_attests(*args, **kwargs):
+        receipt = publish(*args, **kwargs)
+        env.chain.as_account(verifier).attest(commits["forged"], False, hashlib.sha256(b"gradient differs").digest())
+        return receipt
+
+    ctx.chain.publish_version = publish_while_the_verifier_attests
+    lines: list[str] = []
+    stop = threading.Event()
+    timer = threading.Timer(120, stop.set)  # a loop that never ends fails here, not at the suite's timeout
+    timer.start()
+    try:
+        Coordinator(ctx, indexer, LoopOptions(poll_interval_s=0.05, eval_every=0, max_versions=1),
+                    echo=lines.append).run(stop)
+    finally:
+        timer.cancel()
+    assert not stop.is_set() and env.chain.run_of(env.run_id).latest_version == 1, lines
+    assert env.chain.commit_of(commits["forged"]).fail_count == 1
+    assert env.chain.commit_of(commits["forged"]).slashed, lines
+    assert env.chain.stake_of(cheat.address).jailed and not env.chain.stake_of(honest.address).jailed
+    assert any(line.startswith(f"slashed commit {commits['forged']}") for line in lines), lines
