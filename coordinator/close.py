@@ -24,6 +24,12 @@ Design decisions:
 - One write transaction stores the journal row and marks the contributions as folded into t
   (`aggregated_version`, weight, trust, staleness): after it, a crash cannot lose or double-apply
   any of them.
+- Before that transaction commits, the header and files of every contribution it folds are pinned
+  in this coordinator's store (`pin_decided`): a restart rebuilds the version from the journal and
+  that content, so content pinned only after the publication (as before) could be garbage-collected
+  between the decision and a restart, and the journalled version could then never be published (every
+  restart stopped on the missing content). A store outage rolls the decision back (decided on a later
+  pass); a pin the store refuses otherwise is logged, as the version is still folded from memory now.
 """
 
 from __future__ import annotations
@@ -135,7 +141,7 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
     if closed_by is None:
         return None
     served = ctx.served_shards()
-    entries, lost = [], []
+    entries, lost, loaded = [], [], {}
     for row, w in eligible[:MAX_ACCEPTED_PER_VERSION]:
         try:
             contribution = load_contribution(ctx, row.commit_id, row.worker, row.version)
@@ -145,6 +151,7 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
         if not set(contribution.gradients) & set(served):
             lost.append((row, RejectionCode.NO_SERVED_SHARD, no_served_shard(contribution, served)))
             continue
+        loaded[row.commit_id] = contribution
         entries.append((row, w, accepted_entry(row.commit_id, row.worker, contribution, w)))
     with ctx.db.write() as s:
         if not entries:  # everything eligible vanished from the store: record why, close later
@@ -171,10 +178,29 @@ def decide(ctx, version: int, now: float | None = None) -> Decision | None:
         for row, w, _ in entries:
             c = s.get(Contribution, row.commit_id)
             c.aggregated_version, c.weight, c.trust, c.staleness = version, w.weight, w.trust, w.staleness
+        pin_decided(ctx, [(row.commit_id, loaded[row.commit_id]) for row, _, _ in entries])
         s.add(VersionDecision(run_id=ctx.run_hex, version=version, state=DecisionState.DECIDED, closed_by=closed_by,
                               accepted=accepted, rejected=rejected, decided_at=now, window_s=since or 0.0,
                               served_shards=list(served), keep_states=ctx.keeps_states(version)))
     return Decision(version, closed_by, accepted, rejected, since or 0.0)
+
+
+def pin_decided(ctx, contributions) -> None:
+    """Pin the header and every file of each (commit id, contribution) a decision folds; see the module
+    docstring. `StoreUnavailableError` propagates (the decision is rolled back and taken on a later pass)."""
+    import logging
+
+    from krill.errors import KrillError, StoreUnavailableError
+
+    for commit_id, contribution in contributions:
+        h = contribution.header
+        try:
+            ctx.store.pin_all([h.cid, *(ref.cid for _, ref in sorted(h.files.items()))])
+        except StoreUnavailableError:
+            raise
+        except KrillError as exc:
+            logging.getLogger(__name__).warning("commit %s: its content could not be pinned at the decision (%s)",
+                                                commit_id, exc)
 
 
 def no_served_shard(contribution, served: list[int]) -> str:

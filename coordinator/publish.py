@@ -26,9 +26,11 @@ Design decisions:
   (tensors, optimizer states: the bytes just stored), so the next fold does not read back and
   re-hash what this process wrote (about a tenth of a demo version's coordinator time). After a
   restart, or when the chain already held the version, it is loaded from chain and store.
-- After the transaction, with the optimizer states, the contributions the version folded are
-  pinned in this coordinator's store (`pin_folded`): the record is public from then on, and
-  whoever audits or replays it needs them, whether or not their workers keep them.
+- The contributions the version folds are pinned in this coordinator's store when the decision is
+  journalled (`krill.coordinator.close.pin_decided`: the restart's fold needs them), and again after
+  the transaction, with the optimizer states (`pin_folded`; idempotent, and it covers decisions
+  journalled before they were pinned there): the record is public from then on, and whoever audits
+  or replays it needs them, whether or not their workers keep them.
 - `--shards` restricts the fold to the shards this coordinator serves; the others keep their
   weights and optimizer states (their outcome is absent from the record).
 """

@@ -364,3 +364,36 @@ def test_a_version_folds_at_most_max_per_worker_contributions_of_one_worker(coor
     with ctx.db.session() as s:
         waiting = [s.get(Contribution, c) for c in ids[1:]]
     assert all(c.status == ContributionStatus.ACCEPTED and c.aggregated_version is None for c in waiting)
+
+
+def test_a_journalled_version_stays_publishable_through_a_store_garbage_collection(coordinator_env):
+    """The decision is journalled before anything is published; a crash then restarts the version from the
+    journal and the contributions' content. The coordinator pinned that content only after the publication,
+    so a garbage collection of its store in between (the workers' uploads are not pinned in it) left a
+    journalled version no restart could fold: every restart stopped on the missing content."""
+    from krill.coordinator.close import decide
+    from krill.coordinator.ingest import ingest
+    from krill.coordinator.journal import ensure_tables
+    from krill.coordinator.publish import complete_version
+
+    env = coordinator_env()
+    contributions = []
+    for index in (1, 2):
+        account, who = env.stake(index)
+        header, files = env.produce(who, nonce=0)
+        env.upload(header, files)
+        env.commit(account, header)
+        contributions.append((header, files))
+    ctx, indexer = env.context()
+    ensure_tables(ctx.db)
+    indexer.sync()
+    ingest(ctx, next_version=1)
+    assert decide(ctx, 1) is not None
+    pinned = set(env.store.pins())
+    assert all({h.cid, *(ref.cid for ref in h.files.values())} <= pinned for h, _ in contributions)
+
+    env.store.gc(grace_s=0.0)  # the coordinator crashed after the decision; its store is collected meanwhile
+    restarted, _ = env.context()
+    published = complete_version(restarted, 1)
+    assert env.chain.run_of(env.run_id).latest_version == 1
+    assert env.chain.version_of(env.run_id, 1).record_digest == published.record_digest
