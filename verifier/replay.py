@@ -31,6 +31,15 @@ Design decisions:
   as the worker's. Errors that untrusted input can provoke (`PayloadError`, `EngineError`,
   `GradientError`, `TaskError`) fail the stage with their field; anything else is a bug and
   propagates.
+- A version whose weights are finite but overflow the logits (a norm scaled to 1e38) is the run's
+  data failing too: the engine's `NonFiniteLogitsError` (an `EngineError`, which would fail the
+  stage) is raised as `RunDataUnavailable` in `resample` (the behaviour version), and a gradient
+  recomputed at the committed version that is not finite is checked the same way (one teacher-
+  forced pass there, only then) before it can fail the check. A worker cannot be judged at a
+  version nobody can evaluate; an honest one never commits there (its own sampling or gradient
+  overflows the same way: it skips the version, or drops the contribution as unencodable). Before,
+  the sampler's RuntimeError ended the replay as an error (a bug, not attested), and a NaN gradient
+  failed the worker.
 - Cost (issue 8 compares it with the worker's): version states, models, engines and the
   tokenizer are cached per version (shard tensors are fetched once per version), the task is
   built once, and only one shard's gradient is recomputed. A new version's weights are loaded
@@ -42,9 +51,11 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -336,7 +347,8 @@ class Replayer:
         def resample() -> CheckOutcome:
             from krill.protocol.work import check_resample
 
-            return check_resample(spec, task, tok, header, batch, self.policies.engine(behaviour), self.verify)
+            with _version_fault(behaviour):
+                return check_resample(spec, task, tok, header, batch, self.policies.engine(behaviour), self.verify)
 
         for name, fn in (("assignment", assignment), ("rewards", rewards), ("resample", self._loads_noted(resample))):
             if not run.stage(name, fn):
@@ -348,12 +360,16 @@ class Replayer:
         shards = list(dict.fromkeys(s for s in (shard, drawn) if s in contribution.gradients)) or [None]
 
         def gradient(checked: int | None) -> CheckOutcome:
-            from krill.protocol.work import check_gradient
+            from krill.protocol.work import check_gradient, rollouts_from_payload
 
             if checked is None:
                 return CheckOutcome("gradient", True, "the contribution carries no gradient shard", {})
-            return check_gradient(spec, header, batch, contribution.gradients[checked].values, checked,
-                                  self.policies.model(job.version), learner_state, tok.pad_token_id, self.verify)
+            outcome = check_gradient(spec, header, batch, contribution.gradients[checked].values, checked,
+                                     self.policies.model(job.version), learner_state, tok.pad_token_id, self.verify)
+            if not outcome.ok and not math.isfinite(outcome.figures.get("recomputed_norm", 0.0)):
+                with _version_fault(job.version):  # the version's logits overflow: not the worker's fault
+                    self.policies.engine(job.version).logprobs(rollouts_from_payload(batch), spec.loss.temperature)
+            return outcome
 
         for checked in shards:
             if not run.stage("gradient", self._loads_noted(lambda s=checked: gradient(s))):
@@ -410,6 +426,18 @@ class Replayer:
         ok = bool(run.checks) and all(c.ok for c in run.checks)
         reason = "passed" if ok else run.checks[-1].name
         return ReplayResult(ok, reason, run.checks, run.failed_field, behaviour, shard)
+
+
+@contextmanager
+def _version_fault(version: int):
+    """Raise the engine's `NonFiniteLogitsError` inside as `RunDataUnavailable` (the version's weights overflow
+    its logits: never the worker's fault)."""
+    from krill.rl.engine.base import NonFiniteLogitsError
+
+    try:
+        yield
+    except NonFiniteLogitsError as exc:
+        raise RunDataUnavailable(f"version {version} cannot be evaluated: {exc}") from exc
 
 
 def _check_header(header_bytes: bytes, limits, context):

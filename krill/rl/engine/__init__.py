@@ -1,6 +1,6 @@
 """Rollout engines: the interface (`base`) and the Hugging Face / PyTorch engine (`hf`)."""
 
-from krill.rl.engine.base import EngineError, RolloutEngine, Rollouts, SamplingParams
+from krill.rl.engine.base import EngineError, NonFiniteLogitsError, RolloutEngine, Rollouts, SamplingParams
 from krill.rl.engine.hf import HFEngine
 
-__all__ = ["EngineError", "HFEngine", "RolloutEngine", "Rollouts", "SamplingParams"]
+__all__ = ["EngineError", "HFEngine", "NonFiniteLogitsError", "RolloutEngine", "Rollouts", "SamplingParams"]

@@ -14,6 +14,11 @@ Design decisions:
   views for the learner are built on demand (`krill.rl.batch`).
 - Sampling is driven by an explicit seed; an engine whose sampling is bit-reproducible on its
   hardware says so with `deterministic`, which is what lets verifiers re-sample exactly.
+- Weights can be finite and still unusable: a published version whose weights are huge (a norm
+  scaled to 1e38) overflows to infinite or NaN logits. `generate` and `logprobs` raise
+  `NonFiniteLogitsError` (an `EngineError`) then, never a NaN log-prob nor the sampler's own
+  RuntimeError, so that a caller can tell a version it cannot use from a bug: a worker skips the
+  version as broken, a verifier does not charge it to the worker.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ from krill.errors import KrillError
 
 class EngineError(KrillError, ValueError):
     """A rollout engine was given inputs or weights it cannot use."""
+
+
+class NonFiniteLogitsError(EngineError):
+    """The weights served give a NaN or an infinity where a log-prob is computed: the version is unusable
+    for these inputs (its fault, not the inputs': token ids in the vocabulary give finite logits on any
+    weights of sane magnitude)."""
 
 
 class SamplingParams(BaseModel):

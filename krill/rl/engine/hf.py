@@ -21,6 +21,14 @@ Design decisions:
   Temperature 0 is greedy decoding (log-probs then reported at temperature 1).
 - Teacher-forced `logprobs` goes through `krill.rl.batch.completion_logprobs`, the very function the learner uses,
   so the engine and the learner agree on what a log-prob is.
+- Non-finite logits (finite but huge weights overflow; `base` explains) raise `NonFiniteLogitsError`.
+  The checks cost nothing measurable: each step looks at the log-prob of the drawn token only (a
+  row with a NaN or +inf logit, or no finite one, log-softmaxes to NaN throughout), and the sampler's
+  own refusal of such probabilities is turned into the same error; `logprobs` looks at its output.
+  A check over the whole [rows, vocabulary] logits at every step was not: it added half a
+  log-softmax to each step. Without them a sampled step raised torch's RuntimeError, which stopped
+  a worker on every restart while the version was the newest, and a greedy one returned NaN
+  log-probs.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from pathlib import Path
 import torch
 
 from krill.rl.batch import completion_batch, completion_logprobs
-from krill.rl.engine.base import EngineError, RolloutEngine, Rollouts, SamplingParams
+from krill.rl.engine.base import EngineError, NonFiniteLogitsError, RolloutEngine, Rollouts, SamplingParams
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -152,8 +160,15 @@ class HFEngine(RolloutEngine):
                 tok = torch.full((batch,), self.pad_id, dtype=torch.int64)
                 for (lo, hi), generator, live in zip(bounds, generators, active, strict=True):
                     if live:
-                        tok[lo:hi] = torch.multinomial(probs[lo:hi], 1, generator=generator).squeeze(-1)
+                        try:
+                            tok[lo:hi] = torch.multinomial(probs[lo:hi], 1, generator=generator).squeeze(-1)
+                        except RuntimeError as exc:  # torch refuses NaN / infinite probabilities
+                            if bool(torch.isfinite(probs[lo:hi]).all()):
+                                raise
+                            raise self._non_finite(f"generation step {step}") from exc
             lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            if not bool(torch.isfinite(torch.where(done, torch.zeros_like(lp), lp)).all()):
+                raise self._non_finite(f"generation step {step}")
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             logps.append(torch.where(done, torch.zeros_like(lp), lp))
@@ -176,7 +191,13 @@ class HFEngine(RolloutEngine):
         for row in range(len(rollouts)):
             split, end = int(rollouts.offsets[row] + rollouts.prompt_lengths[row]), int(rollouts.offsets[row + 1])
             out[split:end] = lp[row, :end - split]
+        if not bool(torch.isfinite(out).all()):
+            raise self._non_finite("the teacher-forced pass")
         return out
+
+    def _non_finite(self, where: str) -> NonFiniteLogitsError:
+        return NonFiniteLogitsError(f"version {self._version}: the weights give non-finite logits at {where} "
+                                    "(finite but huge weights overflow); the version cannot be sampled from or scored")
 
 
 def _tied(model: torch.nn.Module, name: str) -> bool:

@@ -90,3 +90,40 @@ def test_rollouts_flat_layout_round_trip():
     assert r.logprobs.tolist() == [0.0, 0.0, -0.5, -0.25, 0.0, -1.0, -2.0]
     both = Rollouts.concat([r, r])
     assert both.offsets.tolist() == [0, 4, 7, 11, 14] and both.sequence(3) == [2, 5, 6]
+
+
+def _huge(name: str, scale: float, seed: int = 3):
+    """A tiny model whose parameter `name` is scaled to `scale` at most: every weight finite."""
+    model = tiny_llama(seed=seed)
+    with torch.no_grad():
+        p = dict(model.named_parameters())[name]
+        p.mul_(scale / p.abs().max())
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return model
+
+
+def test_finite_weights_that_overflow_the_logits_raise_the_engines_error_not_torchs_or_nan():
+    """A published version can hold finite but huge weights (its final norm at 1e38): sampling raised torch's
+    RuntimeError, which no caller could tell from a bug, greedy decoding returned NaN log-probs, and the
+    teacher-forced pass NaN ones. Each now raises `NonFiniteLogitsError`, an `EngineError`."""
+    import pytest
+
+    from krill.rl.engine import EngineError, NonFiniteLogitsError
+
+    sane = HFEngine(tiny_llama(seed=3), eos_id=EOS, pad_id=PAD)
+    claimed = sane.generate([[2, 5, 6]] * 4, SamplingParams(max_new_tokens=5), 0)
+    engine = HFEngine(_huge("model.norm.weight", 1e38), eos_id=EOS, pad_id=PAD, version=7)
+    for params in (SamplingParams(max_new_tokens=5), SamplingParams(temperature=0.0, max_new_tokens=5),
+                   SamplingParams(temperature=0.5, top_p=0.9, max_new_tokens=5)):
+        with pytest.raises(NonFiniteLogitsError, match="version 7: the weights give non-finite logits"):
+            engine.generate(PROMPTS, params, seed=0)
+    with pytest.raises(NonFiniteLogitsError, match="teacher-forced"):
+        engine.logprobs(claimed)
+    assert issubclass(NonFiniteLogitsError, EngineError)
+
+
+def test_huge_weights_whose_logits_stay_finite_still_sample_and_score():
+    """Large but not overflowing logits (lm_head at 1e37) are a usable, if degenerate, policy: no error."""
+    engine = HFEngine(_huge("lm_head.weight", 1e37), eos_id=EOS, pad_id=PAD, version=7)
+    r = engine.generate(PROMPTS, SamplingParams(max_new_tokens=5), seed=0)
+    assert bool(torch.isfinite(r.logprobs).all()) and bool(torch.isfinite(engine.logprobs(r)).all())
