@@ -32,6 +32,12 @@ Design decisions:
   stopped on it again, for as long as that version was the newest. A published version whose
   finite but huge weights blow the gradient up does that (`fetch_shard` checks only that weights
   are finite).
+- Such weights can overflow the logits already, while sampling: the engine raises
+  `NonFiniteLogitsError`, and the version is marked broken (`RunSource.mark_broken`) and the
+  rollouts sampled again, under the same nonce, at the newest version before it that loads, as for
+  a version that does not decode. Uncaught, the sampler's error stopped the worker on every
+  restart for as long as that version was the newest. The learner never takes the gradient at a
+  version marked broken (`_loadable` skips it).
 - Staleness at commit time is the contract's call alone: if the coordinator moved past v + S_max
   meanwhile, `commit` reverts with `CommitVersionTooStale` during gas estimation (no gas spent);
   the work is dropped, recorded, and the loop goes on. A local pre-check would only duplicate the
@@ -225,33 +231,41 @@ class Contributor:
         (the worker's loop raises what its watcher or its submission in flight found wrong: a worker
         jailed meanwhile must not wait for a version it can never commit at)."""
         from krill.protocol.work import learn
+        from krill.rl.engine.base import NonFiniteLogitsError
         from krill.worker.behaviors import Work
 
         started = time.perf_counter() if started is None else started
-        b = behaviour_version
-        if b is None:
-            b = self.newest()
-        with phase("fetch_version"):
-            waited_at = None  # the newest version while none within S_max of it loads (said once per version)
-            while True:
-                try:
-                    b, engine = self._loadable(b, self.behaviour.at, "behaviour",
-                                               max(0, b - self.spec.staleness.max_staleness))
-                    break
-                except BrokenVersionError as exc:
-                    if waited_at != b:
-                        self.echo(f"{exc}; waiting for a newer version")
-                        waited_at = b
-                    if interrupt is not None:
-                        interrupt()
-                    self.wait_newer(b, poll_s)
-                    b = self.newest()
-            tok = self.backoff.fetch(lambda: self.source.tokenizer, "tokenizer (version 0)")
-        task = self.source.task
-        nonce = self.state.reserve_nonce()
-        work = Work(self.spec, task, tok, self.who, nonce, chain=self.chain, store=self.store, source=self.source,
-                    engine=engine, shards=self.shards)
-        sampled = self.behavior.sample(work)
+        newest = behaviour_version
+        if newest is None:
+            newest = self.newest()
+        nonce = None
+        waited_at = None  # the newest version while none within S_max of it loads (said once per version)
+        while True:  # until the rollouts are sampled at a version that loads and samples
+            with phase("fetch_version"):
+                while True:
+                    try:
+                        b, engine = self._loadable(newest, self.behaviour.at, "behaviour",
+                                                   max(0, newest - self.spec.staleness.max_staleness))
+                        break
+                    except BrokenVersionError as exc:
+                        if waited_at != newest:
+                            self.echo(f"{exc}; waiting for a newer version")
+                            waited_at = newest
+                        if interrupt is not None:
+                            interrupt()
+                        self.wait_newer(newest, poll_s)
+                        newest = self.newest()
+                tok = self.backoff.fetch(lambda: self.source.tokenizer, "tokenizer (version 0)")
+            task = self.source.task
+            if nonce is None:  # a sampling that failed used nothing of its nonce: the retry keeps it
+                nonce = self.state.reserve_nonce()
+            work = Work(self.spec, task, tok, self.who, nonce, chain=self.chain, store=self.store,
+                        source=self.source, engine=engine, shards=self.shards)
+            try:
+                sampled = self.behavior.sample(work)
+                break
+            except NonFiniteLogitsError as exc:  # its weights overflow: the version is broken (module notes)
+                self.source.mark_broken(b, exc)
         true_rewards = sampled.rewards
         sampled.rewards = self.behavior.reported_rewards(true_rewards)
         seconds = {"sample": sampled.seconds}

@@ -506,3 +506,63 @@ def test_a_version_the_chain_read_finds_unpublished_is_skipped_this_time_not_mar
     assert any("version 8 is not published" in line for line in lines)
     version, state = contributor._loadable(8, source.version, "learner", 7)
     assert (version, state.v) == (8, 8)
+
+
+def _tiny_engine(version: int, norm_scale: float | None = None):
+    """An HFEngine on a tiny seeded Llama; `norm_scale`: the final norm's weights scaled to that magnitude
+    (finite, but the logits overflow)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from krill.rl.engine import HFEngine
+
+    cfg = LlamaConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, intermediate_size=64, max_position_embeddings=64,
+                      eos_token_id=1, pad_token_id=0, bos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(cfg).eval()
+    if norm_scale is not None:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(norm_scale / model.model.norm.weight.abs().max())
+        assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return HFEngine(model, eos_id=1, pad_id=0, version=version)
+
+
+def test_a_newest_version_whose_finite_weights_overflow_the_logits_is_broken_and_sampled_before(
+        monkeypatch, tmp_path):
+    """Version 7's weights are finite but huge (its final norm at 1e38): sampling at it raised torch's
+    RuntimeError out of `make`, and the worker stopped on every restart while 7 was the newest. It is now
+    marked broken and the rollouts are sampled, under the same nonce, at version 6, where the gradient is
+    taken too."""
+    import torch
+
+    import krill.protocol.work as work_module
+    from krill.rl.engine import SamplingParams
+    from krill.worker.behaviors import Behavior
+
+    lines: list[str] = []
+    source, calls = _source(monkeypatch, {}, lines)
+    source.chain = SimpleNamespace(run_of=lambda run_id: SimpleNamespace(latest_version=7))
+    source.spec = SimpleNamespace(run_id=RUN)
+    source._tokenizer, source._task = SimpleNamespace(pad_token_id=0), object()
+    contributor = _contributor(tmp_path, lines=lines)
+    contributor.source = source
+    engines = {7: _tiny_engine(7, norm_scale=1e38), 6: _tiny_engine(6)}
+    contributor.behaviour = SimpleNamespace(at=lambda v: (source.version(v), engines[v])[1])
+    contributor.learner = SimpleNamespace(at=lambda v: ("model", source.version(v)))
+    behavior = Behavior()
+
+    def sample(work):
+        rollouts = work.engine.generate([[2, 5, 6]] * 4, SamplingParams(max_new_tokens=5), seed=work.nonce)
+        return SimpleNamespace(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]), seconds=0.1, rollouts=rollouts,
+                               sampled_at=work.engine.version, nonce=work.nonce)
+
+    monkeypatch.setattr(behavior, "sample", sample)
+    monkeypatch.setattr(work_module, "learn", lambda spec, model, state, sampled, shards, pad: SimpleNamespace(
+        values={0: {}}, seconds=0.2, learner_version=state.v))
+    contributor.behavior = behavior
+    made = contributor.make()
+    assert (made.behaviour_version, made.model_version, made.sampled.sampled_at) == (6, 6, 6)
+    assert made.learned.learner_version == 6 and source.is_broken(7) and "NonFiniteLogitsError" in source.broken[7]
+    assert made.nonce == made.sampled.nonce == 0 and contributor.state.next_nonce == 1  # the nonce is kept
+    assert sum("version 7 is broken and skipped" in line for line in lines) == 1
