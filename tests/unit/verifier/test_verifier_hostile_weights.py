@@ -1,4 +1,4 @@
-"""The verifier on a version whose weights are finite but overflow the logits (a norm scaled to 1e38): the
+"""The verifier on a version whose weights are finite but overflow the logits (a norm scaled to 3e38): the
 version cannot be evaluated, which is the run's data failing (`RunDataUnavailable`: retried, never attested),
 not a failed check of the worker nor a bug. The stages before `resample` and the two checks' comparisons are
 faked; the engines are real tiny models, so the errors are the ones such weights raise."""
@@ -34,7 +34,7 @@ def _engine(version: int, hostile: bool) -> HFEngine:
     model = LlamaForCausalLM(cfg).eval()
     if hostile:
         with torch.no_grad():
-            model.model.norm.weight.mul_(1e38 / model.model.norm.weight.abs().max())
+            model.model.norm.weight.mul_(3e38 / model.model.norm.weight.abs().max())
         assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
     return HFEngine(model, eos_id=1, pad_id=0, version=version)
 

@@ -530,7 +530,7 @@ def _tiny_engine(version: int, norm_scale: float | None = None):
 
 def test_a_newest_version_whose_finite_weights_overflow_the_logits_is_broken_and_sampled_before(
         monkeypatch, tmp_path):
-    """Version 7's weights are finite but huge (its final norm at 1e38): sampling at it raised torch's
+    """Version 7's weights are finite but huge (its final norm at 3e38): sampling at it raised torch's
     RuntimeError out of `make`, and the worker stopped on every restart while 7 was the newest. It is now
     marked broken and the rollouts are sampled, under the same nonce, at version 6, where the gradient is
     taken too."""
@@ -547,7 +547,7 @@ def test_a_newest_version_whose_finite_weights_overflow_the_logits_is_broken_and
     source._tokenizer, source._task = SimpleNamespace(pad_token_id=0), object()
     contributor = _contributor(tmp_path, lines=lines)
     contributor.source = source
-    engines = {7: _tiny_engine(7, norm_scale=1e38), 6: _tiny_engine(6)}
+    engines = {7: _tiny_engine(7, norm_scale=3e38), 6: _tiny_engine(6)}
     contributor.behaviour = SimpleNamespace(at=lambda v: (source.version(v), engines[v])[1])
     contributor.learner = SimpleNamespace(at=lambda v: ("model", source.version(v)))
     behavior = Behavior()
