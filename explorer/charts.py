@@ -8,6 +8,10 @@ Design decisions:
   us, and the result is `Markup` so the template engine does not escape it twice.
 - Missing points (a version without an eval, a NaN reward) are left out, never drawn as zero:
   the line joins the versions that have a figure, each marked with a dot while there are few.
+- Axis ticks and positions are total over finite figures: `nice_ticks` gives at least two finite,
+  increasing ticks covering the range in at most count + 3 steps (a step is never below the values'
+  float spacing, spans are taken in halves so none overflows), so a flat series at 1e16 or a reward
+  of -1e308 draws a chart instead of hanging or failing the overview.
 - Each chart has a `<title>` and an `aria-label`, and the page shows the same figures as a table
   or in the JSON API, so nothing is only in a picture.
 """
@@ -15,6 +19,7 @@ Design decisions:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 from markupsafe import Markup, escape
@@ -22,25 +27,58 @@ from markupsafe import Markup, escape
 WIDTH, HEIGHT = 640, 220
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 28, 34
 PALETTE = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700")
+_FLOAT_MAX = sys.float_info.max
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """About `count` round tick values covering [lo, hi]."""
+    """About `count` round tick values covering [lo, hi]: at least two, strictly increasing and finite,
+    for any finite input (a span wider than the largest float, a range narrower than its values' float
+    spacing, subnormal values); non-finite input gives [0, 1]."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
-        return [0.0]
+        return [0.0, 1.0]
+    lo, hi = float(lo), float(hi)
     if hi <= lo:
-        hi = lo + (abs(lo) or 1.0)
-    raw = (hi - lo) / max(1, count)
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+        width = abs(lo) or 1.0
+        lo, hi = (lo, lo + width) if math.isfinite(lo + width) else (lo - width, lo)
+    n = max(1, count)
+    # Halves: hi - lo itself overflows for a span wider than the largest float. A step below the values'
+    # float spacing would leave `start + i * step` where it was: the step is at least 4 ulps.
+    raw = min((hi / 2 - lo / 2) / n * 2, _FLOAT_MAX)
+    raw = max(raw, 4 * math.ulp(max(abs(lo), abs(hi))))
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next((c for m in (1, 2, 2.5, 5, 10) if math.isfinite(c := m * magnitude) and c >= raw), raw)
+    digits = 12 - math.floor(math.log10(step))  # round away float noise (0.6000000000000001), 12 digits
     start = math.floor(lo / step) * step
-    ticks, value = [], start
-    while value <= hi + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    if ticks[-1] < hi:
-        ticks.append(round(value, 12))
+    if start > lo:  # lo / step underflowed to -0.0
+        start -= step
+    start = max(start, -_FLOAT_MAX)
+    ticks: list[float] = []
+    for i in range(n + 3):  # step >= (hi - lo) / n and start > lo - step: n + 2 ticks reach hi
+        exact = start + i * step
+        if not math.isfinite(exact):  # i * step alone passed the largest float
+            exact = min((start / 2 + i * (step / 2)) * 2, _FLOAT_MAX)
+        tick = _rounded(exact, digits)
+        if (not ticks and tick > lo) or (exact >= hi and tick < hi):
+            tick = exact  # rounding must not uncover an end
+        if not ticks or tick > ticks[-1]:
+            ticks.append(tick)
+        if exact >= hi:
+            break
     return ticks
+
+
+def _rounded(value: float, digits: int) -> float:
+    try:
+        return round(value, digits)
+    except OverflowError:  # rounded up past the largest float
+        return value
+
+
+def _fraction(value: float, lo: float, hi: float) -> float:
+    """Where `value` lies between `lo` and `hi` (0 at lo, 1 at hi), in halves so that no difference of
+    finite values overflows; 0 when the range is empty."""
+    span = hi / 2 - lo / 2
+    return (value / 2 - lo / 2) / span if span > 0 else 0.0
 
 
 def _fmt(value: float) -> str:
@@ -61,14 +99,14 @@ def _frame(title: str, x_label: str, xs: tuple[float, float], ys: list[float], b
            f"<title>{escape(title)}</title>",
            f'<text x="{LEFT}" y="16" font-size="13" font-weight="600" fill="#24292f">{escape(title)}</text>']
     for tick in ys:
-        y = TOP + plot_h - (tick - y0) / (y1 - y0) * plot_h
+        y = TOP + plot_h - _fraction(tick, y0, y1) * plot_h
         out.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#d0d7de" '
                    f'stroke-width="1"/>')
         out.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" fill="#57606a">'
                    f"{escape(_fmt(tick))}</text>")
     for tick in nice_ticks(x0, x1, 6):
         if x0 <= tick <= x1 and float(tick).is_integer():
-            x = LEFT + (tick - x0) / ((x1 - x0) or 1) * plot_w
+            x = LEFT + _fraction(tick, x0, x1) * plot_w
             out.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 15}" font-size="11" text-anchor="middle" '
                        f'fill="#57606a">{escape(_fmt(tick))}</text>')
     out.append(f'<text x="{LEFT + plot_w / 2:.1f}" y="{HEIGHT - 4}" font-size="11" text-anchor="middle" '
@@ -105,7 +143,7 @@ def line_chart(title: str, series: dict[str, Sequence[tuple[float, float | None]
     for i, (name, pts) in enumerate(series.items()):
         colour = PALETTE[i % len(PALETTE)]
         legend.append((name, colour))
-        drawn = [(LEFT + (x - x0) / (x1 - x0) * plot_w, TOP + plot_h - (y - ys[0]) / (ys[-1] - ys[0]) * plot_h)
+        drawn = [(LEFT + _fraction(x, x0, x1) * plot_w, TOP + plot_h - _fraction(y, ys[0], ys[-1]) * plot_h)
                  for x, y in pts if y is not None and math.isfinite(y)]
         if len(drawn) > 1:
             body.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="2" '
