@@ -21,9 +21,15 @@ Design decisions:
   quote untrusted input (fetch errors, rejection reasons) in `Message` columns.
 - Status columns are Python enums stored as short strings without a database CHECK, so adding a
   value later needs no migration.
-- Participant trust is a Beta posterior over the verdicts on the participant's commits: alpha =
-  prior alpha + passing attestations, beta = prior beta + failing ones (prior from the indexer's
-  `TrustPrior`, so new workers start low). The coordinator reads it from here.
+- A participant's `trust_alpha` / `trust_beta` are a Beta tally over every verdict on its commits:
+  alpha = prior alpha + passing attestations, beta = prior beta + failing ones (prior from the
+  indexer's `TrustPrior`, so new workers start low). It is a public summary, not the trust the
+  coordinator weighs with: any staked account may attest on any commit, so the tally can be raised
+  at will. The coordinator computes trust itself (`krill.coordinator.standing`): from the index's
+  commit, verdict, event and participant rows (jail state, verifier keys) it counts only verdicts
+  on its run's commits by verifiers the commit's randomness drew, staked no later than the commit's
+  block, not failing a quorum its replay refuted, with the run spec's prior; it never reads these
+  two columns.
 """
 
 from __future__ import annotations
@@ -237,7 +243,7 @@ class Participant(IndexBase):
 
     @property
     def trust(self) -> float:
-        """Posterior mean of the Beta trust."""
+        """Posterior mean of the index's Beta tally (not the coordinator's trust: see the module docstring)."""
         return self.trust_alpha / (self.trust_alpha + self.trust_beta)
 
     @property
