@@ -19,6 +19,12 @@ Design decisions:
   multi-chunk catch-up whose later chunk failed: dropped with the exception, and the cursor,
   already past them, saved by the verifier.) `iter` yields as it reads, so it passes a chunk once
   all of it was yielded.
+- A node that refuses a range (many public endpoints cap `eth_getLogs` at a few hundred or thousand
+  blocks, or at some 10,000 logs per answer, and say so in an error answer) has the range halved and
+  asked again, down to a single block, whose refusal is raised; the stream keeps the smaller chunk for
+  later reads. (With a fixed chunk such a node refused every catch-up longer than its cap, on every
+  poll, so the stream never moved and the verifier reading it stopped.) At most log2(chunk) extra
+  requests are spent finding the size; unreachability is not a refusal and is retried as before.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 from eth_utils import event_abi_to_log_topic
 from web3 import Web3
 from web3._utils.events import get_event_data
+from web3.exceptions import Web3RPCError
 
 from krill.chain.artifacts import load_artifact
 from krill.chain.errors import snake_case
@@ -333,8 +340,14 @@ class EventStream:
             query = {"fromBlock": start, "toBlock": end, "address": self._addresses}
             if topics is not None:
                 query["topics"] = topics
-            logs = with_retries(lambda q=query: self._w3.eth.get_logs(q), "eth_getLogs", self._retry,
-                                endpoint_of(self._w3))
+            try:
+                logs = with_retries(lambda q=query: self._w3.eth.get_logs(q), "eth_getLogs", self._retry,
+                                    endpoint_of(self._w3))
+            except Web3RPCError:
+                if end == start:
+                    raise  # not even one block: the refusal is not about the range
+                self._chunk = (end - start + 1) // 2  # a node's range or answer-size cap: ask for less
+                continue
             ordered = sorted(logs, key=lambda lg: (lg["blockNumber"], lg["logIndex"]))
             events = [decode_log(self._w3, log) for log in ordered]
             yield end, [e for e in events if e is not None and (kinds is None or isinstance(e, kinds))]
