@@ -3,7 +3,19 @@
 Design decisions:
 - The chain is the authority for money: stake, unbonding, release block, jailed, claimable are
   read from contract views at the head, never from a cache.
-- Trust and the coordinator's verdicts on contributions live only in the index database
+- A worker's trust is the trust the coordinator weighed it at, read from public data: the newest
+  of its run's published aggregation records (located by the on-chain record digests, checked
+  against them) that accepts one of the worker's contributions, with the version and commit it
+  comes from (`trust_weighed`). At most `RECORDS_READ` records are read, newest first, and the
+  walk stops at the first unreadable one (an older weighing is not passed off as the current one),
+  so status stays fast; beyond that, or before the first weighing, trust is "none" with why.
+- The index's Beta tally over every verdict on the worker's commits (`Participant.trust`) is not
+  shown as trust: the coordinator counts only verdicts of verifiers the commit's randomness drew,
+  staked no later than the commit's block, on its run's commits, with its run's prior, so any
+  staked account can raise the tally at will (five verifiers staked after a commit, passing it,
+  lifted it from 0.4 to 0.7 while the coordinator weighed the worker at 0.25). The index's verdict
+  counts are shown instead, labelled as every verifier's (`verdicts`). Verifiers are not weighed.
+- The coordinator's verdicts on contributions and the earnings tally live in the index database
   (`krill.db`). The index is used when one is there for this deployment (an existing SQLite file
   or a reachable PostgreSQL whose `index_meta` names this contract); it is opened read-only
   (no table creation), and when it is missing, unreadable or of another contract the figures say
@@ -19,6 +31,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +40,8 @@ from krill.errors import ConfigError, KrillError
 from krill.staking import jailed_advice, role_code, role_name, tokens
 
 NO_INDEX = "unknown (no index)"
+RECORDS_READ = 8  # newest published records a worker's status reads at most, looking for its weighing
+NOT_WEIGHED = "none (the coordinator weighs workers' contributions, not verifiers)"
 
 
 @dataclass
@@ -96,6 +111,8 @@ class AccountStatus:
     index_block: int | None
     run: dict | None
     hints: list[str] = field(default_factory=list)
+    trust_weighed: dict | None = None  # {run_id, version, commit_id} of the record `trust` comes from
+    verdicts: dict | None = None       # the index's {passed, failed} over every verdict on its commits
 
     @property
     def blocks_to_release(self) -> int:
@@ -137,9 +154,67 @@ def check_run(chain, run_id: bytes) -> dict:
     return {"id": run_id.hex(), "latest_version": info.latest_version, "reward_pool": tokens(info.reward_pool)}
 
 
+def weighed_trust(chain, store, run_id: bytes, worker: str, latest_version: int,
+                  depth: int = RECORDS_READ) -> tuple[float | None, str, dict | None]:
+    """(trust, note, where) of the newest of the run's last `depth` published records that accepts a
+    contribution of `worker`: the trust the coordinator weighed it at (see the module docstring)."""
+    from krill.protocol.record import load_record
+
+    who = worker.lower()
+    oldest = max(1, latest_version - depth + 1)
+    for version in range(latest_version, oldest - 1, -1):
+        try:
+            record = load_record(store, chain.version_of(run_id, version).record_digest)
+        except KrillError as exc:
+            # Deliberately tolerated: status still reports everything else.
+            return None, f"unknown (the record of version {version} is unreadable: " \
+                         f"{str(exc).splitlines()[0][:120]})", None
+        mine = [e for e in record.accepted if e.worker == who]
+        if not mine:
+            continue
+        entry = max(mine, key=lambda e: e.commit_id)
+        try:
+            trust = float(entry.trust)
+        except ValueError:
+            trust = math.nan
+        if not math.isfinite(trust):
+            return None, f"unknown (the record of version {version} gives commit #{entry.commit_id} the trust " \
+                         f"{entry.trust[:40]!r}, not a number)", None
+        return trust, f"weighed by the coordinator in version {version} (commit #{entry.commit_id})", \
+            {"run_id": run_id.hex(), "version": version, "commit_id": entry.commit_id}
+    if latest_version == 0:
+        return None, "none yet (the run has published no version)", None
+    if oldest == 1:
+        return None, "none yet (no published version folded a contribution of this account)", None
+    return None, f"none in the last {depth} published versions (versions {oldest}..{latest_version})", None
+
+
+def _worker_trust(config: KrillConfig, chain, store, run_id: bytes | None, address: str,
+                  run: dict | None) -> tuple[float | None, str, dict | None]:
+    if run_id is None or run is None:
+        return None, "unknown (run.id is not set)", None
+    if run["latest_version"] == 0:
+        return weighed_trust(chain, store, run_id, address, 0)
+    if store is not None:
+        return weighed_trust(chain, store, run_id, address, run["latest_version"])
+    from krill.runtime import open_configured_store
+
+    try:
+        opened = open_configured_store(config)
+    except KrillError as exc:
+        # Deliberately tolerated, as an unreadable record is.
+        return None, f"unknown (store unavailable: {str(exc).splitlines()[0][:120]})", None
+    try:
+        return weighed_trust(chain, opened, run_id, address, run["latest_version"])
+    finally:
+        opened.close()
+
+
 def account_status(config: KrillConfig, role: str, chain, address: str, index: Index,
-                   run_id: bytes | None) -> AccountStatus:
-    """Chain figures for `address`, with trust and earnings from `index` when it is there."""
+                   run_id: bytes | None, store=None) -> AccountStatus:
+    """Chain figures for `address`, a worker's weighed trust from its run's published records (`store`:
+    the content store to read them from; the configured one when None), earnings and verdict counts from
+    `index` when it is there."""
     from sqlalchemy import select
 
     from krill.db.models import Participant
@@ -148,16 +223,17 @@ def account_status(config: KrillConfig, role: str, chain, address: str, index: I
     head = chain.block_number()
     minimum = chain.minimum_stake(role_code(role))
     run = check_run(chain, run_id) if run_id is not None else None
-    trust = earned = claimed = None
-    trust_note = index.note
+    earned = claimed = verdicts = None
+    if role == "worker":
+        trust, trust_note, trust_weighed = _worker_trust(config, chain, store, run_id, address, run)
+    else:
+        trust, trust_note, trust_weighed = None, NOT_WEIGHED, None
     if index.db is not None:
         with index.db.session() as session:
             row = session.scalars(select(Participant).where(Participant.address == address.lower())).first()
-        if row is None:
-            trust_note = "unknown (not in the index yet: `krill index sync`)"
-        else:
-            trust, trust_note = row.trust, "index"
+        if row is not None:
             earned, claimed = row.rewards_credited + row.bounties_credited, row.claimed
+            verdicts = {"passed": row.checks_passed, "failed": row.checks_failed}
     if earned is None:
         earned, claimed = _earned_from_chain(chain, address, config.chain.deploy_block)
     status = AccountStatus(
@@ -165,7 +241,7 @@ def account_status(config: KrillConfig, role: str, chain, address: str, index: I
         release_block=info.release_block, head_block=head, jailed=info.jailed, minimum=minimum,
         eligible=chain.is_eligible(address, role_code(role)), claimable=chain.claimable_of(address), earned=earned,
         claimed=claimed, trust=trust, trust_note=trust_note, index=index.note if index.db is None else "index",
-        index_block=index.next_block, run=run)
+        index_block=index.next_block, run=run, trust_weighed=trust_weighed, verdicts=verdicts)
     status.hints = hints(status)
     return status
 
@@ -209,7 +285,9 @@ def render(s: AccountStatus) -> list[tuple[str, str]]:
         ("stake", stake),
         ("unbonding", unbonding),
         ("jailed", "YES" if s.jailed else "no"),
-        ("trust", f"{s.trust:.3f}" if s.trust is not None else s.trust_note),
+        *([("trust", f"{s.trust:.3f} ({s.trust_note})" if s.trust is not None else s.trust_note)]
+          if s.role == "worker" else []),
+        *([("verdicts on its commits", _verdicts_row(s))] if s.role == "worker" else []),
         ("earned", f"{tokens(s.earned)} KRILL" + (f" ({tokens(s.claimed)} claimed)" if s.claimed else "")
          if s.earned is not None else "unknown"),
         ("claimable", f"{tokens(s.claimable)} KRILL"),
@@ -217,6 +295,12 @@ def render(s: AccountStatus) -> list[tuple[str, str]]:
     if s.run is not None:
         rows.append(("run", f"{s.run['id'][:16]}… latest version {s.run['latest_version']}"))
     return rows
+
+
+def _verdicts_row(s: AccountStatus) -> str:
+    if s.verdicts is None:
+        return s.index if s.index != "index" else "unknown (not in the index yet: `krill index sync`)"
+    return f"{s.verdicts['passed']} passed / {s.verdicts['failed']} failed (every verifier's, index; not trust)"
 
 
 def contributions_from_index(index: Index, run_id: bytes, worker: str, recent: int = 5) -> dict | None:

@@ -62,7 +62,8 @@ def test_a_verifier_from_init_to_bounty_and_withdrawal(run_env):
     fresh = _status(config)
     assert fresh["run"]["id"] == env.spec.run_id.hex()  # the chain's only run, found by init
     assert fresh["staked_as"] == "nothing" and any("krill verifier stake" in h for h in fresh["hints"])
-    assert fresh["attestations"]["attested"] == 0 and fresh["trust_note"] == "unknown (no index)"
+    assert fresh["attestations"]["attested"] == 0 and fresh["trust"] is None
+    assert fresh["trust_note"] == "none (the coordinator weighs workers' contributions, not verifiers)"
 
     staked = krill("--config", config, "verifier", "stake", "--amount", "150")
     assert staked.exit_code == 0 and "staked 150 KRILL as verifier" in staked.output, staked.output

@@ -76,10 +76,12 @@ def test_a_worker_from_init_to_withdraw_and_claim(worker_env):
     failed(again, "already exists", "--force")
 
     fresh = _status(config)
-    assert fresh["staked_as"] == "nothing" and fresh["trust"] is None and fresh["trust_note"] == "unknown (no index)"
+    assert fresh["staked_as"] == "nothing" and fresh["trust"] is None and fresh["trust_weighed"] is None
+    assert fresh["trust_note"] == "none yet (the run has published no version)" and fresh["verdicts"] is None
     assert any("krill worker stake" in h for h in fresh["hints"])
     table = krill("--config", config, "worker", "status")
-    assert "trust" in table.output and "unknown (no index)" in table.output and "next: not staked" in table.output
+    assert "trust" in table.output and "none yet" in table.output and "next: not staked" in table.output
+    assert "unknown (no index)" in table.output  # the verdict counts and the coordinator's decisions
 
     staked = krill("--config", config, "worker", "stake", "--amount", "300")
     assert staked.exit_code == 0 and "staked 300 KRILL as worker" in staked.output, staked.output
@@ -94,7 +96,8 @@ def test_a_worker_from_init_to_withdraw_and_claim(worker_env):
     assert status["local"]["committed"] == 1 and status["local"]["next_nonce"] == 1
     assert status["contributions"] is None and status["contributions_source"] == "unknown (no index)"
 
-    # With the index (and a coordinator's verdicts) in the configured database, trust and reasons appear.
+    # With the index (and a coordinator's verdicts) in the configured database, verdict counts and reasons
+    # appear; trust is still the coordinator's weighing from published records (none yet), not the index's.
     from krill.db.indexer import Indexer
     from krill.db.models import Contribution, ContributionStatus, RejectionCode
     from krill.db.session import open_database
@@ -109,7 +112,8 @@ def test_a_worker_from_init_to_withdraw_and_claim(worker_env):
                                reason="v0 is 3 versions old"))
     indexed = krill("--config", config, "--set", f"database.url={url}", "worker", "status", "--json")
     data = json.loads(indexed.output)
-    assert 0 < data["trust"] < 1 and data["trust_note"] == "index"
+    assert data["trust"] is None and data["trust_note"] == "none yet (the run has published no version)"
+    assert data["verdicts"] == {"passed": 0, "failed": 0}
     assert data["contributions"]["rejected_by_reason"] == {"stale": 1}
     assert data["contributions"]["recent_rejections"][0]["reason"] == "v0 is 3 versions old"
     shown = krill("--config", config, "--set", f"database.url={url}", "worker", "status")

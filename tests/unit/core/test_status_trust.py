@@ -1,0 +1,156 @@
+"""The trust `krill worker status` shows is the coordinator's weighing from published records, not the
+index's tally of every verdict (`krill.account_status`), read from a bounded number of records."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from krill.account_status import NOT_WEIGHED, RECORDS_READ, Index, account_status, render, weighed_trust
+from krill.db.session import open_database
+from krill.protocol.record import AcceptedEntry, publish_record
+from krill.store.local import LocalStore
+from krill.testing.index_world import _record, fill_index_world
+
+PROTOCOL = "0x" + "44" * 20
+
+
+class _Chain:
+    """The contract views status reads; `records`: version -> record digest (published versions 1..latest)."""
+
+    address = PROTOCOL
+
+    def __init__(self, records: dict[int, bytes]):
+        self.records = records
+        self.asked: list[int] = []
+
+    def stake_of(self, address):
+        return SimpleNamespace(role=1, staked=500, unbonding=0, release_block=0, jailed=False)
+
+    def block_number(self):
+        return 600
+
+    def minimum_stake(self, role):
+        return 100
+
+    def run_of(self, run_id):
+        return SimpleNamespace(exists=True, latest_version=max(self.records, default=0), reward_pool=0)
+
+    def version_of(self, run_id, version):
+        self.asked.append(version)
+        return SimpleNamespace(record_digest=self.records[version])
+
+    def is_eligible(self, address, role):
+        return True
+
+    def claimable_of(self, address):
+        return 0
+
+
+def _config(store_path):
+    return SimpleNamespace(chain=SimpleNamespace(deploy_block=0),
+                           store=SimpleNamespace(type="local", path=store_path, max_get_bytes=1 << 30))
+
+
+@pytest.fixture
+def world(tmp_path):
+    """The hand-filled index (the honest worker's commit 1 weighed at 0.25 in version 1's record), plus
+    five verifiers staked after that commit that attest it as passing: the index's tally rises to 0.7,
+    the coordinator counts none of them (`krill.coordinator.standing`)."""
+    from krill.chain import events as ev
+    from krill.db.ingest import DEFAULT_TRUST_PRIOR, apply_event, known_events
+
+    found = fill_index_world(f"sqlite:///{tmp_path / 'index.db'}", tmp_path)
+    events = []
+    for i in range(5):
+        sybil, tx = "0x" + f"{0xa0 + i:02x}" * 20, "0x" + f"{0xf00 + i:064x}"
+        events.append(ev.Staked(500, tx, 0, PROTOCOL, sybil, 2, 10, 10, bytes([i + 1]) * 32))
+        events.append(ev.Attested(501, tx, 1, PROTOCOL, 1, sybil, True, b"\x01" * 32, 2 + i, 0))
+    with open_database(found.url) as db, db.write() as s:
+        known = known_events(s, events)
+        for event in events:
+            apply_event(s, event, 0, DEFAULT_TRUST_PRIOR, known)
+    found.path = tmp_path
+    return found
+
+
+def _status(world, role="worker"):
+    chain = _Chain({1: _record("bafkreimanifest1").digest})
+    db = open_database(world.url, create=False)
+    try:
+        return account_status(_config(world.path / "store"), role, chain, world.honest, Index(db, "index", 100),
+                              bytes.fromhex(world.run))
+    finally:
+        db.close()
+
+
+def test_worker_trust_is_the_coordinators_weighing_not_the_raisable_tally(world):
+    """Before: status showed the index's tally, 0.7 after the sybils' passes, labelled 'index', while the
+    coordinator weighed the worker at 0.25 (the published record of version 1 says so)."""
+    status = _status(world)
+    assert status.trust == 0.25
+    assert status.trust_weighed == {"run_id": world.run, "version": 1, "commit_id": 1}
+    assert status.trust_note == "weighed by the coordinator in version 1 (commit #1)"
+    assert status.verdicts == {"passed": 6, "failed": 0}  # the tally's counts, kept and labelled
+    rows = dict(render(status))
+    assert rows["trust"] == "0.250 (weighed by the coordinator in version 1 (commit #1))"
+    assert "every verifier's" in rows["verdicts on its commits"] and "6 passed / 0 failed" in rows[
+        "verdicts on its commits"]
+    assert "0.7" not in str(status.to_json()["trust"])
+
+
+def test_a_verifier_is_not_shown_a_trust(world):
+    status = _status(world, role="verifier")
+    assert (status.trust, status.trust_note, status.trust_weighed) == (None, NOT_WEIGHED, None)
+    assert "trust" not in dict(render(status))
+
+
+def _published(store, version: int, accepted: list[AcceptedEntry]) -> bytes:
+    record = _record(f"bafkreimanifest{version}").model_copy(update={"version": version, "accepted": accepted})
+    publish_record(store, record)
+    return record.digest
+
+
+def _entry(commit_id: int, worker: str, trust: str) -> AcceptedEntry:
+    return AcceptedEntry(commit_id=commit_id, worker=worker, header_digest=f"{commit_id:064x}", model_version=0,
+                         behaviour_version=0, staleness=0, trust=trust, weight=trust, shards=[0], mean_reward="0.5",
+                         tokens=1)
+
+
+def test_the_newest_weighing_is_found_within_a_bounded_walk(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    me, other = "0x" + "ab" * 20, "0x" + "22" * 20
+    records = {1: _published(store, 1, [_entry(1, me, "0.25")]),
+               2: _published(store, 2, [_entry(2, me, "0.5"), _entry(5, me, "0.625"), _entry(3, other, "0.9")])}
+    for v in range(3, 3 + RECORDS_READ - 1):
+        records[v] = _published(store, v, [_entry(10 + v, other, "0.9")])
+    chain, run = _Chain(records), b"\xab" * 32
+    latest = max(records)  # version 2 is the oldest of the last RECORDS_READ
+    assert weighed_trust(chain, store, run, "0x" + "AB" * 20, latest) == (  # the address in any case
+        0.625, "weighed by the coordinator in version 2 (commit #5)", {"run_id": run.hex(), "version": 2,
+                                                                       "commit_id": 5})
+    records[latest + 1] = _published(store, latest + 1, [_entry(99, other, "0.9")])
+    chain.asked.clear()
+    trust, note, where = weighed_trust(chain, store, run, me, latest + 1)
+    assert (trust, where) == (None, None) and note == f"none in the last {RECORDS_READ} published versions " \
+                                                      f"(versions 3..{latest + 1})"
+    assert len(chain.asked) == RECORDS_READ
+    assert weighed_trust(_Chain({}), store, run, me, 0)[1] == "none yet (the run has published no version)"
+
+
+@pytest.mark.parametrize("trust", ["nan", "inf", "abc"])
+def test_a_record_whose_trust_is_no_number_says_so_instead_of_crashing(tmp_path, trust):
+    store = LocalStore(tmp_path / "store")
+    me = "0x" + "11" * 20
+    chain = _Chain({1: _published(store, 1, [_entry(1, me, trust)])})
+    got, note, where = weighed_trust(chain, store, b"\xab" * 32, me, 1)
+    assert got is None and where is None and "not a number" in note
+
+
+def test_an_unreadable_newer_record_is_not_skipped_for_an_older_weighing(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    me = "0x" + "11" * 20
+    chain = _Chain({1: _published(store, 1, [_entry(1, me, "0.25")]), 2: b"\x77" * 32})
+    got, note, where = weighed_trust(chain, store, b"\xab" * 32, me, 2)
+    assert got is None and where is None and note.startswith("unknown (the record of version 2 is unreadable")
