@@ -12,6 +12,9 @@ Design decisions:
   process wherever it was: `krill demo` (and any service manager) stops the coordinator that way
   and never restarts it, so a version journalled but not yet published was lost to the demo. A
   second signal interrupts at once (KeyboardInterrupt); the journal still makes a restart safe.
+- `run` refuses to start where the run's unbonding period leaves too few seconds after a challenge
+  window to confirm withheld content and slash it before the worker withdraws
+  (`krill.coordinator.margin`; `coordinator.allow_short_unbonding` overrides, with a warning).
 - The handler only writes a byte to a pipe; a relay thread sets the loop's stop event. Setting a
   `threading.Event` inside a signal handler takes its lock, and the handler runs on the main thread
   between any two bytecodes, also while that thread holds the same lock in `Event.wait`.
@@ -122,6 +125,7 @@ def run_cmd(shards: list[int] | None) -> None:
     """Index, validate, fold, publish, settle and slash until stopped (or coordinator.max_versions)."""
     from krill.coordinator.context import open_run_context
     from krill.coordinator.loop import FAULTS, Coordinator, LoopOptions
+    from krill.coordinator.margin import check_margin, measure
     from krill.db.indexer import Indexer
     from krill.runtime import apply_cpu_settings
 
@@ -143,6 +147,10 @@ def run_cmd(shards: list[int] | None) -> None:
                     click.echo(f"stopped on {received[0]} before the run was opened")
                     return
         depth = config.chain.confirmations_on(ctx.chain_id, ctx.spec.chain.challenge_window_blocks)
+        margin = measure(ctx.chain, window_blocks=ctx.spec.chain.challenge_window_blocks, confirmations=depth,
+                         fetch_timeout_s=getattr(config.store, "timeout_s", 0.0),
+                         poll_interval_s=section.poll_interval_s)
+        check_margin(margin, section.allow_short_unbonding, echo=lambda line: click.echo(line, err=True))
         indexer = Indexer(ctx.chain, ctx.db, ctx.store, start_block=config.chain.deploy_block,
                           confirmations=depth, latest_logs=True, content_in_sync=False)
         options = LoopOptions(poll_interval_s=section.poll_interval_s, max_backoff_s=section.max_backoff_s,

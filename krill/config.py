@@ -260,6 +260,10 @@ class CoordinatorConfig(_RoleSection):
         description="Store the AdamW states (twice the weights' bytes) at every this many versions (1: all). The "
                     "record names the others by sha256, and a restarted coordinator or `krill audit` replays the "
                     "folds since the last stored ones.")
+    allow_short_unbonding: bool = Field(
+        False, description="Start even where the protocol's unbondingBlocks leave too few seconds after a challenge "
+                           "window (at the chain's block time) to confirm withheld content and slash it before the "
+                           "worker withdraws (`krill coordinator run` refuses by default, naming the figures).")
 
 
 class ExplorerConfig(_Section):
