@@ -27,8 +27,15 @@ Design decisions:
   is resent, and the node refuses the resend in its own words ("already known" on geth,
   "transaction already imported" on Anvil with a pending pool, "nonce too low" once mined,
   py-evm's "invalid transaction nonce"); whatever the words, the transaction is then looked up by
-  its hash and counts as sent if the node has it. If it does not, the refusal is raised as
-  before (another transaction took the nonce, or the resend is wrong for another reason).
+  its hash and counts as sent if the node has it. If it does not, a refusal for the nonce is
+  handled as below (another transaction took it) and any other is raised.
+- A send refused because its nonce is taken ("nonce too low", "replacement transaction underpriced",
+  py-evm's "invalid transaction nonce") by a transaction that is not this one was never accepted, so
+  it is signed again with the next nonce read from the chain and sent (at most `NONCE_RETAKES`
+  times). Another process or client on the same key (an operator funding rewards with the
+  coordinator's key while it runs) takes nonces this book does not see; the write was lost and a raw
+  node error stopped the role. The transaction is first looked up by its hash, so a resend of one the
+  node already has still counts as sent and is never sent twice under two nonces.
 """
 
 from __future__ import annotations
@@ -51,6 +58,11 @@ from krill.phases import phase
 E = TypeVar("E", bound=ChainEvent)
 IN_PROCESS_GAS_LIMIT = 10_000_000
 FEE_REUSE_S = 1.0  # how long a transactor reuses the fees it read (`Transactor._fees`)
+NONCE_RETAKES = 3  # how often a send refused for a taken nonce is signed again with a fresh one
+# A node's words for "this nonce is used by another transaction of the sender" (geth, Anvil, Erigon,
+# Besu, Nethermind, py-evm), lower case.
+_NONCE_TAKEN = ("nonce too low", "nonce_too_low", "oldnonce", "invalid transaction nonce",
+                "replacement transaction underpriced", "nonce has already been used")
 
 
 class TransactionFailed(ContractRevert):
@@ -125,6 +137,12 @@ def call_error(error: Any, what: str, method: str = "eth_call") -> Exception:
         return revert
     message = str(error.get("message", error)) if isinstance(error, dict) else str(error)
     return ChainError(f"{what}: the node refused {method}: {message}")
+
+
+def _nonce_taken(exc: BaseException) -> bool:
+    """Whether a refused send says its nonce is used by another transaction of the sender."""
+    text = str(exc).lower()
+    return any(words in text for words in _NONCE_TAKEN)
 
 
 def nonce_book(w3: Web3) -> NonceBook:
@@ -255,8 +273,7 @@ class Transactor:
         sender = tx["from"]
         try:
             with phase("chain_send"):
-                signed = self.account.sign_transaction(tx)
-                tx_hash = self._send_raw(signed.raw_transaction, what)
+                tx_hash = self._send_signed(tx, what)
             with phase("chain_confirm"):
                 receipt = self._wait_receipt(tx_hash, what)
         except Exception:
@@ -272,6 +289,24 @@ class Transactor:
             events=decode_receipt(self.w3, receipt),
             contract_address=receipt.get("contractAddress"),
         )
+
+    def _send_signed(self, tx: dict, what: str) -> bytes:
+        """Sign and send `tx`; a refusal for a nonce another transaction took signs it again with the next
+        nonce from the chain (see the module docstring)."""
+        retakes = 0
+        while True:
+            raw = self.account.sign_transaction(tx).raw_transaction
+            try:
+                return self._send_raw(raw, what)
+            except Exception as exc:
+                if retakes == NONCE_RETAKES or not _nonce_taken(exc):
+                    raise
+                tx_hash = Web3.keccak(raw)
+                if self._rpc(lambda h=tx_hash: self._known(h), f"{what} (lookup)"):
+                    return tx_hash  # this very transaction holds the nonce: sent
+            retakes += 1
+            self.nonces.forget(tx["from"])
+            tx = {**tx, "nonce": self.nonces.take(self.w3, tx["from"], self.retry)}
 
     def _wait_receipt(self, tx_hash, what: str):
         """The receipt of `tx_hash`, looked for at once, then after 2, 4, 8, ... ms and then every 50 ms.

@@ -7,7 +7,7 @@ import requests
 from web3.exceptions import Web3RPCError
 
 from krill.chain.rpc import RetryPolicy, connect_in_process, dev_account
-from krill.chain.tx import Transactor
+from krill.chain.tx import NONCE_RETAKES, Transactor
 
 RETRY = RetryPolicy(attempts=3, initial_delay_s=0.0)
 
@@ -47,9 +47,10 @@ def test_a_resend_refused_for_its_nonce_counts_as_sent_when_the_first_send_lande
     assert tx.nonces.take(w3, dev_account(0).address, RETRY) == 1  # the book moved on; nothing was forgotten
 
 
-def test_a_resend_refused_for_a_nonce_another_transaction_used_still_fails(monkeypatch):
-    """The first send never arrived, and meanwhile another transaction of the account took the nonce:
-    the resend's refusal is an error, as before."""
+def test_a_resend_refused_for_a_nonce_another_transaction_used_is_sent_again_with_the_next_nonce(monkeypatch):
+    """The first send never arrived, and meanwhile another transaction of the account took the nonce: the
+    resend's refusal does not count as sent (the node lacks the transaction), and the write is signed again
+    with the next nonce and lands once."""
     w3 = connect_in_process(accounts=2)
     sender = dev_account(0)
     tx = Transactor(w3, sender, retry=RETRY)
@@ -66,7 +67,40 @@ def test_a_resend_refused_for_a_nonce_another_transaction_used_still_fails(monke
         return real(raw)
 
     monkeypatch.setattr(w3.eth, "send_raw_transaction", lost_while_another_lands)
-    with pytest.raises(Exception, match="(?i)nonce"):
+    before = w3.eth.get_balance(dev_account(1).address)
+    receipt = tx._send(_transfer, "transfer")
+    assert len(sends) == 3 and sends[1] == sends[0] and sends[2] != sends[0]  # resent, then signed anew
+    assert w3.eth.get_transaction(receipt.transaction_hash)["nonce"] == 1
+    assert w3.eth.get_balance(dev_account(1).address) == before + 1  # sent once
+    assert tx.nonces.take(w3, sender.address, RETRY) == 2
+
+
+def test_a_send_refused_for_its_nonce_every_time_gives_up_after_the_retakes(monkeypatch):
+    w3 = connect_in_process(accounts=2)
+    tx = Transactor(w3, dev_account(0), retry=RETRY)
+    sends = []
+
+    def always_too_low(raw):
+        sends.append(raw)
+        raise Web3RPCError("{'code': -32003, 'message': 'nonce too low'}")
+
+    monkeypatch.setattr(w3.eth, "send_raw_transaction", always_too_low)
+    with pytest.raises(Web3RPCError, match="nonce too low"):
         tx._send(_transfer, "transfer")
-    assert len(sends) == 2
+    assert len(sends) == NONCE_RETAKES + 1
     assert tx.nonces._next == {}  # forgotten: the next send reads the nonce from the chain again
+
+
+def test_a_refusal_for_another_reason_is_raised_without_a_new_nonce(monkeypatch):
+    w3 = connect_in_process(accounts=2)
+    tx = Transactor(w3, dev_account(0), retry=RETRY)
+    sends = []
+
+    def no_funds(raw):
+        sends.append(raw)
+        raise Web3RPCError("{'code': -32003, 'message': 'insufficient funds for gas * price + value'}")
+
+    monkeypatch.setattr(w3.eth, "send_raw_transaction", no_funds)
+    with pytest.raises(Web3RPCError, match="insufficient funds"):
+        tx._send(_transfer, "transfer")
+    assert len(sends) == 1 and tx.nonces._next == {}
