@@ -21,9 +21,14 @@ Design decisions:
   rejects most commits of missing content as stale or jailed before their deadline, and those
   were never slashed. A commit ingest once found unavailable is still fetched and replayed: its
   content may have come since, and a false quorum on it is refuted like any other.
-- The content is fetched on the fetch threads (`ctx.fetcher`, the worker's lane), and a pass waits
-  at most `PASS_WAIT_S` for it: on a networked store a fetch of content nobody has waits out the
-  store's timeout (60 s on Kubo), and N such commits at quorum held every pass N x 60 s.
+- The content is fetched on the fetch threads (`ctx.fetcher`), and a pass waits at most
+  `PASS_WAIT_S` for it: on a networked store a fetch of content nobody has waits out the store's
+  timeout (60 s on Kubo), and N such commits at quorum held every pass N x 60 s.
+- Those fetches have a lane of their own per worker (`confirm:<worker>`), not the worker's ingest
+  lane: queued behind ingest's fetches of the same worker's other commits of content nobody has,
+  a confirmation waited one store timeout per such commit, so a worker that withheld one commit
+  and committed a few more junk digests pushed its slash past its release block (the start check,
+  `krill.coordinator.margin`, counts one timeout). A worker at quorum holds one more thread.
 - A replay is a teacher-forced pass, a re-sample and one gradient pass per shard: a few hundred
   milliseconds on the default model, paid once per commit at quorum (rare: the first slash
   jails the worker, and a jailed worker's later commits are rejected unchecked).
@@ -80,7 +85,7 @@ def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
     view = CommitView(commit_id, c.worker, int(c.version), c.header_digest, c.worker_key, block_time, False,
                       int(c.nonce))
     key = ("confirm", commit_id)  # apart from ingest's own fetch of the commit, keyed by its id
-    if submit_fetch(ctx, view, key):
+    if submit_fetch(ctx, view, key, lane=f"confirm:{c.worker}"):
         ctx.fetcher.wait([key], PASS_WAIT_S)
     fetched = ctx.fetcher.take(key)
     if fetched is None:

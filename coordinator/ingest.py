@@ -230,11 +230,12 @@ def precheck(ctx, commit: CommitView, next_version: int) -> Outcome | None:
     return None
 
 
-def submit_fetch(ctx, commit: CommitView, key=None) -> bool:
-    """Queue the fetch of `commit`'s content in its worker's lane, under `key` (default its commit id);
-    False when it is already queued, running or fetched. The version's facts are read here, on the
+def submit_fetch(ctx, commit: CommitView, key=None, lane: str | None = None) -> bool:
+    """Queue the fetch of `commit`'s content in `lane` (default its worker's), under `key` (default its commit
+    id); False when it is already queued, running or fetched. The version's facts are read here, on the
     coordinator's thread; the fetch touches only the store. `fetched_contribution` decodes the result."""
     key = commit.commit_id if key is None else key
+    lane = commit.worker if lane is None else lane
     if key in ctx.fetcher:
         return False
     expected, lengths = expected_context(ctx, commit)
@@ -243,7 +244,7 @@ def submit_fetch(ctx, commit: CommitView, key=None) -> bool:
     def job():
         return (*fetch_content(store, limits, expected, lengths), expected, lengths)
 
-    return ctx.fetcher.submit(commit.worker, key, job)
+    return ctx.fetcher.submit(lane, key, job)
 
 
 def fetched_contribution(ctx, fetched):

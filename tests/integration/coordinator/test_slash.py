@@ -342,3 +342,53 @@ def test_a_coordinator_stopping_at_max_versions_first_slashes_what_became_due_wh
     assert env.chain.commit_of(commits["forged"]).slashed, lines
     assert env.chain.stake_of(cheat.address).jailed and not env.chain.stake_of(honest.address).jailed
     assert any(line.startswith(f"slashed commit {commits['forged']}") for line in lines), lines
+
+
+def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coordinator_env):
+    """The confirming fetch of a commit at the failing quorum is not queued behind ingest's fetches of the same
+    worker's other commits: on a networked store each of those waits out the store's timeout, so a worker that
+    withheld one commit and committed a few more digests of content nobody has pushed the slash back by one
+    timeout per commit, past its release block (`krill.coordinator.margin` counts one timeout)."""
+    import os
+    import threading
+    import time
+
+    from krill.chain.rpc import mine
+    from krill.coordinator.confirm import confirm_failure
+    from krill.coordinator.ingest import ingest
+    from krill.errors import ContentNotFoundError
+    from krill.store.cid import digest_to_cid
+
+    env = coordinator_env()
+    account, who = env.stake(1)
+    verifier, _ = env.stake(10)
+    junk, _ = env.produce(who, nonce=0)
+    junk_id = env.commit(account, junk)  # never uploaded
+    hanging = {}
+    for nonce in (1, 2, 3):  # digests of content nobody has: the store looks for it until its timeout
+        digest = os.urandom(32)
+        env.chain.as_account(account).commit(env.run_id, 0, nonce, digest)
+        hanging[digest_to_cid(digest)] = nonce
+    env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
+    ctx, indexer = env.context()
+    indexer.sync()
+    timeout = threading.Event()  # set: the store's timeout has run out
+    get = ctx.store.get
+
+    def networked_get(cid, **kwargs):
+        if cid in hanging:
+            timeout.wait(60)
+            raise ContentNotFoundError(f"no provider for {cid} within the timeout")
+        return get(cid, **kwargs)
+
+    ctx.store.get = networked_get
+    try:
+        ingest(ctx, 1)  # queues the worker's four fetches in its lane; the second hangs
+        mine(env.chain.w3, ctx.spec.chain.challenge_window_blocks + 1)
+        deadline = time.monotonic() + 15
+        while "still being fetched" in (got := confirm_failure(ctx, junk_id, time.time())).detail \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert got.confirmed is True and "challenge window closed" in got.detail, got.detail
+    finally:
+        timeout.set()
