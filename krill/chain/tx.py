@@ -191,12 +191,22 @@ class Transactor:
 
     def call_view(self, to: str, codec, args: tuple, what: str) -> Any:
         """A contract view through `krill.chain.view_codec` (what web3's contract call returns, a
-        third of its CPU), sent as a bare JSON-RPC `eth_call` over HTTP (`raw_call`)."""
+        third of its CPU), sent as a bare JSON-RPC `eth_call` over HTTP (`raw_call`). An answer that
+        does not decode (an address without code answers nothing) is a ChainError naming the address."""
+        from eth_abi.exceptions import DecodingError
+
         data = codec.calldata(args)
         if self._in_process:
-            return codec.result(self.call(lambda sender: self.w3.eth.call({"to": to, "data": data, **sender}),
-                                          what))
-        return codec.result(self.raw_call({"to": to, "data": data}, what))
+            raw = self.call(lambda sender: self.w3.eth.call({"to": to, "data": data, **sender}), what)
+        else:
+            raw = self.raw_call({"to": to, "data": data}, what)
+        try:
+            return codec.result(raw)
+        except DecodingError as exc:  # eth_abi's own error named no contract, address or view
+            hint = (" (an empty answer: no contract at this address on this chain, or the chain was restarted)"
+                    if not raw else "")
+            raise ChainError(f"{what}: the answer of {to} ({len(raw)} bytes) does not decode as "
+                             f"({','.join(codec.outputs)}){hint}: {exc}") from exc
 
     def raw_call(self, params: dict, what: str) -> bytes:
         """`eth_call` of `params` at the latest block straight through the provider: web3's request

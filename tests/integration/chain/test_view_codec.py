@@ -6,8 +6,11 @@ import pytest
 from chain_constants import RUN_ID, digest, key_of
 
 from krill.chain import errors as E
+from krill.chain.client import KrillChain
 from krill.chain.events import Committed
+from krill.chain.token import TokenClient
 from krill.chain.view_codec import view_codecs
+from krill.errors import ChainError
 
 
 def _web3(client, name, *args):
@@ -73,3 +76,14 @@ def test_a_reverting_view_raises_the_same_error_through_both_paths(staked):
         with pytest.raises(E.CommitUnknown) as err:
             read()
         assert err.value.revert_args == (99,)
+
+
+def test_a_view_of_an_address_without_a_contract_is_a_chain_error_naming_it(env):
+    """An address without code answers every call with no data (a wrong address, or a devnet restarted under
+    running roles): a ChainError that names the address, not eth_abi's bare decoding error."""
+    nowhere = env.addr(env.OUTSIDER)  # an account, not a contract
+    protocol = KrillChain(env.w3, nowhere, env.accounts[env.WORKERS[0]])
+    for read in (protocol.commit_count, protocol.token_address, lambda: protocol.run_of(RUN_ID),
+                 lambda: TokenClient(env.w3, nowhere).balance_of(nowhere)):
+        with pytest.raises(ChainError, match=f"{nowhere}.*no contract at this address"):
+            read()
