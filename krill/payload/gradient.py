@@ -9,7 +9,10 @@ Design decisions:
   [-127, 127] plus `name::scale`, one float32 scale per block of `block_size` values; value =
   q x scale). Decoding always yields float32 so aggregation does not care about the codec.
 - NaN and infinity are refused on decode (a NaN would poison a trimmed mean's sort) and on encode
-  (an fp16 overflow becomes infinity: the worker must clip first).
+  (an fp16 overflow becomes infinity: the worker must clip first). bf16 and int8 blocks cover every
+  finite float32: a value that bf16 rounding would carry to infinity is written as the largest
+  finite bf16 (one bf16 step away), and an int8 block scale that 127 x would overflow is taken one
+  float32 step smaller, so the encoder never writes a shard its peers refuse.
 - Metadata names the format version, shard, codec and block size; a file for another shard is a
   `ContextMismatchError`.
 """
@@ -70,7 +73,9 @@ class GradientShard:
                     raise NonFiniteError("value overflows fp16; clip before encoding", field=f"{where}.{name}")
                 tensors[name] = ("F16", half)
             elif self.codec == "bf16":
-                tensors[name] = ("BF16", float_to_bf16_bits(values))
+                bits = float_to_bf16_bits(values)
+                bits[(bits & 0x7FFF) == 0x7F80] -= 1  # rounded past the largest finite bf16: saturate
+                tensors[name] = ("BF16", bits)
             else:
                 q, scale = quantize_int8_blocks(values, self.block_size)
                 tensors[name] = ("I8", q)
@@ -87,6 +92,9 @@ def quantize_int8_blocks(values: np.ndarray, block_size: int) -> tuple[np.ndarra
     padded[:len(values)] = values
     blocks = padded.reshape(n_blocks, block_size) if n_blocks else padded.reshape(0, block_size)
     scale = (np.abs(blocks).max(axis=1) / 127.0).astype(np.float32) if n_blocks else np.zeros(0, np.float32)
+    with np.errstate(over="ignore"):  # a block max near float32's largest: 127 x its rounded-up scale is infinity
+        over = ~np.isfinite(scale * np.float32(127))
+    scale[over] = np.nextafter(scale[over], np.float32(0))
     safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
     q = np.clip(np.rint(blocks / safe[:, None]), -127, 127).astype(np.int8).reshape(-1)[:len(values)]
     return q, scale

@@ -155,3 +155,17 @@ def test_safetensors_framing_is_strict():
     lying = good.replace(b'"shape":[4]', b'"shape":[5]')
     with pytest.raises(ShapeError):
         parse_safetensors(lying, 1 << 20, 1 << 16, 8, "f")
+
+
+@pytest.mark.parametrize("codec", ["bf16", "int8-block"])
+def test_every_finite_float32_encodes_to_a_shard_peers_accept(codec):
+    # bf16 rounding carried float32's largest values to infinity, and so did 127 x an int8 block scale
+    # rounded up: the encoder wrote a shard that every coordinator and verifier refused as non-finite.
+    top = np.finfo(np.float32).max
+    values = np.array([top, -top, np.nextafter(top, 0), 3.3961e38, -3.4e38, 1.0, 0.0, -1e-3], np.float32)
+    for block_size in (1, 3, 256):
+        grad = GradientShard(0, codec, {"w": values}, block_size=block_size)
+        decoded = decode_gradient_shard(grad.encode(), {"w": len(values)}, LIMITS, 0).values["w"]
+        assert np.isfinite(decoded).all()
+        step = 2.0 ** -7 if codec == "bf16" else 1 / 127  # one bf16 ulp / one int8 step, relative to the block max
+        assert (np.abs(decoded.astype(np.float64) - values) <= step * np.abs(values.astype(np.float64)).max()).all()
