@@ -10,7 +10,8 @@ Design decisions:
 - Accounts are local keys (eth_account `LocalAccount`): transactions are signed here, so any RPC
   works. Devnet accounts derive from Anvil's public mnemonic; the in-process chain funds the
   same accounts, so tests address both backends alike.
-- `mine`, `snapshot` and `revert` are for devnets and tests only (Anvil and eth-tester methods).
+- `mine`, `snapshot` and `revert` are for devnets and tests only (Anvil and eth-tester methods);
+  a revert the node did not make (Anvil answers `false` for a snapshot it no longer holds) raises.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from web3.exceptions import ProviderConnectionError
 from web3.types import RPCEndpoint
 
 from krill.chain.anvil import DEV_MNEMONIC
-from krill.errors import ChainUnavailableError
+from krill.errors import ChainUnavailableError, DevnetError
 
 T = TypeVar("T")
 
@@ -149,5 +150,10 @@ def snapshot(w3: Web3) -> object:
 
 
 def revert(w3: Web3, snapshot_id: object) -> None:
-    """Return the devnet to `snapshot_id` (consumed on Anvil: take a new one to revert again)."""
-    _rpc(w3, "evm_revert", [snapshot_id])
+    """Return the devnet to `snapshot_id` (consumed on Anvil: take a new one to revert again).
+
+    Anvil answers `false` to a snapshot it does not hold (one already reverted to) and reverts
+    nothing: a DevnetError, since the caller (a test's isolation) counted on the state being back."""
+    if _rpc(w3, "evm_revert", [snapshot_id]) is False:
+        raise DevnetError(f"evm_revert: the node at {endpoint_of(w3)} holds no snapshot {snapshot_id!r} and "
+                          "reverted nothing (Anvil consumes a snapshot when it reverts to it: take a new one)")
