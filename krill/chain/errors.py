@@ -9,6 +9,10 @@ Design decisions:
   revert data no ABI explains becomes `UnknownContractRevert` with the raw bytes: nothing is lost.
 - Revert data is recovered from whatever the backend raised: web3's `ContractLogicError.data`
   (HTTP nodes such as Anvil) or the raw bytes inside eth-tester's `TransactionFailed` (py-evm).
+  Nodes word it differently: geth and Anvil put the bare hex in `data`; Nethermind and OpenEthereum
+  answer "VM execution error." with `data` "Reverted 0x<data>" (as web3's own parser knows), which
+  was read as no revert at all, so every revert on such a node was a plain ChainError and no caller
+  could tell a stale or duplicate commit from a refusal; Besu says "Execution reverted", capitalised.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ def _bytes_from(value: object) -> bytes | None:
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     if isinstance(value, str):
-        text = value.removeprefix("execution reverted: ").strip()
+        text = value.removeprefix("execution reverted: ").removeprefix("Reverted ").strip()
         if text.startswith("0x"):
             try:
                 return bytes.fromhex(text[2:])
@@ -200,8 +204,8 @@ def revert_from_rpc_error(error: object, context: str = "") -> ContractRevert | 
     if raw is not None:
         return decode_revert(raw, context)
     message = str(error.get("message", ""))
-    if message.startswith("execution reverted"):
-        return _reason_revert(message.removeprefix("execution reverted").removeprefix(":").strip(), context)
+    if message.lower().startswith("execution reverted"):
+        return _reason_revert(message[len("execution reverted"):].removeprefix(":").strip(), context)
     return None
 
 

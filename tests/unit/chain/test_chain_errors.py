@@ -81,3 +81,25 @@ def test_raw_eth_call_errors_become_reverts_or_chain_errors():
     other = call_error({"code": -32602, "message": "invalid argument 0"}, "runOf")
     assert type(other) is ChainError and not isinstance(other, ContractRevert)
     assert "runOf" in str(other) and "invalid argument 0" in str(other)
+
+
+def test_reverts_in_nethermind_and_besu_words_are_reverts():
+    """Nethermind and OpenEthereum answer a revert with "VM execution error." and data "Reverted 0x<data>";
+    Besu says "Execution reverted". Each is the revert it stands for, through the bare JSON-RPC path (views,
+    estimates) and through web3's ContractLogicError (which keeps the prefixed data)."""
+    from web3.exceptions import ContractLogicError
+
+    from krill.chain.tx import call_error
+
+    cls = E.CommitDuplicate
+    worker = "0x3C44CdDdB6a900fa2b585dd299e03d12FA4293BC"
+    data = cls.selector + encode(list(cls.arg_types), [bytes(range(32)), worker, 3, 7, 11])
+    nethermind = {"code": -32015, "message": "VM execution error.", "data": "Reverted 0x" + data.hex()}
+    bare = call_error(nethermind, "commit", "eth_estimateGas")
+    assert type(bare) is E.CommitDuplicate and bare.revert_args == (bytes(range(32)), worker, 3, 7, 11)
+    through_web3 = E.revert_from_exception(ContractLogicError("execution reverted", data=nethermind["data"]))
+    assert type(through_web3) is E.CommitDuplicate
+    empty = call_error({"code": -32015, "message": "VM execution error.", "data": "Reverted 0x"}, "claim")
+    assert type(empty) is E.UnknownContractRevert and empty.data == b""
+    besu = call_error({"code": -32000, "message": "Execution reverted"}, "claim", "eth_estimateGas")
+    assert type(besu) is E.ContractRevertReason
