@@ -169,3 +169,39 @@ def test_every_finite_float32_encodes_to_a_shard_peers_accept(codec):
         assert np.isfinite(decoded).all()
         step = 2.0 ** -7 if codec == "bf16" else 1 / 127  # one bf16 ulp / one int8 step, relative to the block max
         assert (np.abs(decoded.astype(np.float64) - values) <= step * np.abs(values.astype(np.float64)).max()).all()
+
+
+def test_int8_decode_costs_what_was_sent_not_what_the_block_size_says():
+    # the decoder repeated every scale block_size times: block_size 2**20 in the metadata made a shard
+    # of a few hundred bytes allocate 4 MiB per tensor (and the run's block size is checked only later)
+    import tracemalloc
+
+    lengths = GRAD_LENGTHS[1]
+    meta = {"format": "krill-grad", "version": "1", "shard": "1", "codec": "int8-block", "block_size": str(1 << 20)}
+    tensors = {}
+    for name, n in lengths.items():
+        tensors[name] = ("I8", np.arange(n, dtype=np.int8) - 60)
+        tensors[name + "::scale"] = ("F32", np.array([0.5], np.float32))
+    data = encode_safetensors(tensors, meta)
+    decode_gradient_shard(data, lengths, LIMITS, 1)  # warm up: first-call caches are not the decoder's doing
+    tracemalloc.start()
+    try:
+        decoded = decode_gradient_shard(data, lengths, LIMITS, 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"peak allocation {peak} bytes for a {len(data)}-byte shard"
+    for name, n in lengths.items():
+        assert np.array_equal(decoded.values[name], (np.arange(n) - 60).astype(np.float32) * np.float32(0.5))
+    # every block, the last one short, times its own scale
+    rng = np.random.default_rng(7)
+    for block_size in (1, 7, 32, 70, 71):
+        grad = GradientShard(1, "int8-block", {n: rng.normal(size=k).astype(np.float32) for n, k in lengths.items()},
+                             block_size=block_size)
+        got = decode_gradient_shard(grad.encode(), lengths, LIMITS, 1)
+        from krill.payload.gradient import quantize_int8_blocks
+
+        for name, values in grad.values.items():
+            q, scale = quantize_int8_blocks(values, block_size)
+            want = q.astype(np.float32) * np.repeat(scale, block_size)[:len(q)]
+            assert np.array_equal(got.values[name], want), (block_size, name)
