@@ -12,6 +12,12 @@ Design decisions:
   made a commit stale), so only the block's own state holds it. Either replay names a likely cause,
   not a proof (a block's later transactions are in its state too); callers that must be sure look
   the state up. A failure that neither replay explains is a `TransactionFailed`.
+- A failed transaction that used all its gas while neither replay reverts ran out of gas: the state
+  it ran on grew after the estimate (a slash loops over the commit's failing verifiers, and more
+  verdicts landed in the block ahead of it). It had no effect but its fee, so it is estimated again
+  against the pending block and sent once more with a new nonce (`TransactionOutOfGas` if that runs
+  out too). The estimate's margin covers a state that grows a little; on a real chain a slash sent
+  at quorum while three more failing verdicts landed ahead of it failed, stopping the coordinator.
 - Nonces are tracked per sender by a `NonceBook` shared by all clients on the same chain
   connection: the first send reads the pending count, later sends increment locally (no
   round-trip, no collisions between clients of one account in this process). Any failure after
@@ -71,6 +77,11 @@ class TransactionFailed(ContractRevert):
     def __init__(self, message: str, transaction_hash: str, block_number: int):
         super().__init__(message)
         self.transaction_hash, self.block_number = transaction_hash, block_number
+
+
+class TransactionOutOfGas(TransactionFailed):
+    """A mined transaction used all its gas and failed, and no replay of it reverted: the state it ran on
+    grew after its estimate (`Transactor._send` sends such a write once more, estimated again)."""
 
 
 @dataclass(frozen=True)
@@ -266,9 +277,21 @@ class Transactor:
         # "pending", the block the transaction lands in, so block.number-dependent checks agree.
         tx = dict(build({"from": sender, "chainId": self._chain_id(), **self._fees(), "gas": 1}))
         probe = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
+        tx["gas"] = self._estimate(probe, what)
+        tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
+        try:
+            return self._sign_send_wait(tx, what)
+        except TransactionOutOfGas:
+            pass  # no effect but its fee: once more, on the state that outgrew its estimate (module docstring)
+        tx["gas"] = self._estimate(probe, what)
+        tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
+        return self._sign_send_wait(tx, what)
+
+    def _estimate(self, probe: dict, what: str) -> int:
+        """The gas limit of `probe` (`_gas_limit`); a revert raises its ContractRevert class."""
         try:
             with phase("chain_estimate"):
-                tx["gas"] = self._gas_limit(probe, what)
+                return self._gas_limit(probe, what)
         except ContractRevert:
             raise
         except Exception as exc:
@@ -276,8 +299,6 @@ class Transactor:
             if revert is None:
                 raise
             raise revert from exc
-        tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
-        return self._sign_send_wait(tx, what)
 
     def _sign_send_wait(self, tx: dict, what: str) -> Receipt:
         sender = tx["from"]
@@ -405,5 +426,9 @@ class Transactor:
                 if revert is not None:
                     return revert
         tx_hash = "0x" + bytes(receipt["transactionHash"]).hex()
+        if receipt["gasUsed"] >= tx["gas"]:
+            return TransactionOutOfGas(f"{what}: transaction {tx_hash} ran out of gas in block {block} (all of its "
+                                       f"{tx['gas']} used; no replay of it reverted): the state it ran on grew "
+                                       "after its estimate", tx_hash, block)
         return TransactionFailed(f"{what}: transaction {tx_hash} failed on chain (status 0) in block {block} and "
                                  "no replay of it reverted (before or after its block)", tx_hash, block)

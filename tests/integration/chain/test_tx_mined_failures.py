@@ -8,10 +8,13 @@ the transaction through, so only a replay against the block itself recovers the 
 from __future__ import annotations
 
 import pytest
-from chain_constants import RUN_ID, digest
+from chain_constants import MIN_VERIFIER, RUN_ID, digest, key_of
 
 from krill.chain import errors as E
-from krill.chain.types import to_bytes32, to_uint
+from krill.chain.events import BountyCredited, Committed
+from krill.chain.tx import TransactionOutOfGas
+from krill.chain.types import Role, to_bytes32, to_uint
+from krill.chain.view_codec import function_codecs
 from krill.testing.races import beaten_in_one_block
 
 
@@ -44,3 +47,69 @@ def test_a_commit_made_stale_by_a_version_published_ahead_of_it_names_too_stale(
         worker.commit(RUN_ID, 0, 0, digest("late"))  # within S_max=2 of version 2 at its estimate
     assert caught.value.revert_args == (0, 3, 2)
     assert env.admin.run_of(RUN_ID).latest_version == 3
+
+
+def test_a_slash_that_ran_out_of_gas_as_more_verdicts_landed_ahead_of_it_is_sent_again(staked, monkeypatch):
+    """The coordinator slashes at quorum; three more failing verdicts land in the same block ahead of the slash,
+    which loops over every failing verifier: it runs out of the gas estimated for two. The failed transaction
+    changed nothing, so it is estimated again and sent once more, and the slash pays all five verifiers."""
+    env = staked
+    if env.backend != "anvil":
+        pytest.skip("the in-process chain gives every transaction 10M gas and mines each as it arrives")
+    for i in (8, 9):
+        env.at(i).stake(Role.VERIFIER, MIN_VERIFIER, key_of(i))
+    verifiers = (5, 6, 7, 8, 9)
+    cid = env.at(env.WORKERS[0]).commit(RUN_ID, 0, 0, digest("forged")).event(Committed).commit_id
+    for v in verifiers[:2]:  # the quorum
+        env.at(v).attest(cid, False, digest(f"evidence {v}"))
+    ours = env.coordinator._tx
+    estimate, send_raw = ours._gas_limit, ours._send_raw
+    sent: list[bytes] = []
+
+    def estimate_then_verdicts_land(probe, what):
+        gas = estimate(probe, what)
+        if not sent:
+            env.w3.provider.make_request("evm_setAutomine", [False])
+            for v in verifiers[2:]:
+                theirs = env.at(v)._tx
+                fees = {k: 10 * value for k, value in ours._fees().items()}  # ahead of the slash in the block
+                tx = {"from": theirs.address, "to": env.deployment.protocol, "value": 0, "gas": 500_000,
+                      "data": function_codecs("KrillProtocol")["attest"].calldata((cid, False, digest(f"late {v}"))),
+                      "chainId": env.w3.eth.chain_id, **fees, "nonce": theirs.nonces.take(env.w3, theirs.address,
+                                                                                          theirs.retry)}
+                theirs._send_raw(theirs.account.sign_transaction(tx).raw_transaction, "late attest")
+        return gas
+
+    def send_then_mine(raw, what):
+        tx_hash = send_raw(raw, what)
+        sent.append(tx_hash)
+        if len(sent) == 1:
+            try:
+                env.w3.provider.make_request("evm_mine", [])
+            finally:
+                env.w3.provider.make_request("evm_setAutomine", [True])
+        return tx_hash
+
+    monkeypatch.setattr(ours, "_gas_limit", estimate_then_verdicts_land)
+    monkeypatch.setattr(ours, "_send_raw", send_then_mine)
+    receipt = env.coordinator.slash(cid)
+    assert len(sent) == 2
+    first = env.w3.eth.get_transaction_receipt(sent[0])
+    assert first["status"] == 0 and first["gasUsed"] == env.w3.eth.get_transaction(sent[0])["gas"]  # out of gas
+    assert env.admin.commit_of(cid).fail_count == 5
+    assert [b.verifier for b in receipt.events_of(BountyCredited)] == [env.addr(v) for v in verifiers]
+
+
+def test_a_transaction_out_of_gas_twice_is_raised_as_out_of_gas(staked, monkeypatch):
+    env = staked
+    if env.backend != "anvil":
+        pytest.skip("the in-process chain gives every transaction 10M gas")
+    cid = env.at(env.WORKERS[0]).commit(RUN_ID, 0, 0, digest("forged")).event(Committed).commit_id
+    for v in (5, 6):
+        env.at(v).attest(cid, False, digest(f"evidence {v}"))
+    ours = env.coordinator._tx
+    estimates = []
+    monkeypatch.setattr(ours, "_gas_limit", lambda probe, what: estimates.append(what) or 60_000)  # far too little
+    with pytest.raises(TransactionOutOfGas, match="ran out of gas"):
+        env.coordinator.slash(cid)
+    assert len(estimates) == 2 and not env.admin.commit_of(cid).slashed
