@@ -17,6 +17,12 @@ Design decisions:
 - Only sha2-256 CIDs with codec `raw` or `dag-pb` are accepted (`parse_cid`): those are the only
   ones Krill produces, and refusing the rest means a verifier never has to trust a hash function
   it did not choose. CIDv0 (`Qm...`) is accepted for reading because it is the same multihash.
+- Every way a CID string can be wrong ends in `InvalidCIDError`, never in one of `multiformats`'
+  own exception types: CID strings come from untrusted places (commit events, headers, manifests,
+  a search box), and each caller turns `InvalidCIDError` into its own clear error. `multiformats`
+  checks a multihash's declared digest length against its hash function only when the digest is
+  first read, after `CID.decode` returned, so that read is guarded too (a sha2-256 multihash
+  declaring 64 bytes escaped as `MultihashValueError`).
 """
 
 from __future__ import annotations
@@ -102,10 +108,17 @@ def parse_cid(cid: str | CID) -> CID:
             parsed = CID.decode(cid)
         except Exception as exc:  # multiformats raises a zoo of types for malformed input
             raise InvalidCIDError(f"malformed CID {cid!r:.80}: {exc}") from None
-    if parsed.hashfun.name != "sha2-256" or len(parsed.raw_digest) != 32:
-        raise InvalidCIDError(f"CID {cid} uses {parsed.hashfun.name}; Krill accepts only sha2-256")
-    if parsed.codec.name not in _ACCEPTED_CODECS:
-        raise InvalidCIDError(f"CID {cid} has codec {parsed.codec.name}; Krill accepts only raw and dag-pb")
+    try:  # the digest is unwrapped lazily: a declared length the hash function cannot have raises only here
+        hashfun, codec = parsed.hashfun.name, parsed.codec.name
+        digest_size = len(parsed.raw_digest) if hashfun == "sha2-256" else None
+    except Exception as exc:
+        raise InvalidCIDError(f"malformed CID {str(cid)!r:.80}: {exc}") from None
+    if hashfun != "sha2-256":
+        raise InvalidCIDError(f"CID {str(cid):.80} uses {hashfun}; Krill accepts only sha2-256")
+    if digest_size != 32:
+        raise InvalidCIDError(f"CID {str(cid):.80} has a {digest_size}-byte sha2-256 digest, not 32 bytes")
+    if codec not in _ACCEPTED_CODECS:
+        raise InvalidCIDError(f"CID {str(cid):.80} has codec {codec}; Krill accepts only raw and dag-pb")
     return parsed
 
 

@@ -153,3 +153,31 @@ def test_fast_path_agrees_with_multiformats():
             assert normalize_cid(str(CID("base58btc", 1, codec, multihash.wrap(digest, "sha2-256")))) == reference
     # a non-canonical spelling (upper case) is not taken by the fast path, and still parses
     assert normalize_cid(HELLO_V1.upper().replace("B", "b", 1)) == HELLO_V1
+
+
+def test_a_sha256_multihash_of_the_wrong_declared_length_is_an_invalid_cid():
+    """`multiformats` checks a multihash's declared digest length only when the digest is first read, after
+    `CID.decode` returned: a sha2-256 multihash declaring 64 bytes escaped as its `MultihashValueError`, which no
+    caller (indexer, header and manifest schemas, explorer search) expects from a CID string."""
+    import base64
+
+    from multiformats import CID
+
+    from krill.store.cid import cid_codec, cid_parts, verify_block
+
+    for length in (0, 31, 33, 64):
+        body = bytes([0x01, 0x55, 0x12, length]) + bytes(length)
+        for bad in ("b" + base64.b32encode(body).decode().lower().rstrip("="), "z" + _base58(body)):
+            for parse in (parse_cid, normalize_cid, cid_parts, cid_codec, cid_to_digest):
+                with pytest.raises(InvalidCIDError):
+                    parse(bad)
+            with pytest.raises(InvalidCIDError):
+                verify_block(bad, b"")
+            with pytest.raises(InvalidCIDError):
+                parse_cid(CID.decode(bad))
+
+
+def _base58(data: bytes) -> str:
+    from multiformats import multibase
+
+    return multibase.encode(data, "base58btc")[1:]
