@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast setup bench-setup lint bench-smoke clean
+.PHONY: demo test test-fast setup bench-setup lint clean
 
 setup: $(VENV)/.installed node_modules/.installed
 

@@ -94,7 +94,7 @@ class ChainConfig(_Section):
     confirmations: int | None = Field(None, ge=0, le=64, description=(
         "Blocks an event must be buried under before it is acted on; unset: 0 on a local devnet (chain id "
         f"{', '.join(map(str, DEVNET_CHAIN_IDS))}), {LIVE_CONFIRMATIONS} on any other chain, whose blocks can be "
-        "reorganised (the index and the verifiers do not detect a reorg of a block they already read), and "
+        "reorganised (the index detects a reorg of a block it already read and stops, but does not undo it), and "
         "at most an eighth of the run's challenge window for the roles that know it."))
     request_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one JSON-RPC request.")
     retries: int = Field(5, ge=0, le=50, description="Retries of a transient RPC failure, with exponential back-off.")

@@ -150,7 +150,7 @@ def _run(config, bar, max_attestations: int | None) -> None:
 @verifier.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (amounts as decimal token strings).")
 def status(as_json: bool) -> None:
-    """Stake, unbonding, trust, attestations passed/failed (and skipped, missed), earned and claimable."""
+    """Stake, unbonding, attestations passed/failed (and not selected, missed), earned and claimable."""
     from krill.commands.context import current_config
     from krill.commands.role_cmds import emit_status
     from krill.verifier.status import verifier_status
