@@ -20,9 +20,9 @@ Design decisions:
   already past them, saved by the verifier.) `iter` yields as it reads, so it passes a chunk once
   all of it was yielded.
 - A node that refuses a range (many public endpoints cap `eth_getLogs` at a few hundred or thousand
-  blocks, or at some 10,000 logs per answer, and say so in an error answer) has the range halved and
-  asked again, down to a single block, whose refusal is raised; the stream keeps the smaller chunk for
-  later reads. (With a fixed chunk such a node refused every catch-up longer than its cap, on every
+  blocks, or at some 10,000 logs per answer, and say so in an error answer or an HTTP 4xx) has the
+  range halved and asked again, down to a single block, whose refusal is raised; the stream keeps the
+  smaller chunk for later reads. (With a fixed chunk such a node refused every catch-up longer than its cap, on every
   poll, so the stream never moved and the verifier reading it stopped.) At most log2(chunk) extra
   requests are spent finding the size; unreachability is not a refusal and is retried as before.
 """
@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import requests
 from eth_utils import event_abi_to_log_topic
 from web3 import Web3
 from web3._utils.events import get_event_data
@@ -343,7 +344,7 @@ class EventStream:
             try:
                 logs = with_retries(lambda q=query: self._w3.eth.get_logs(q), "eth_getLogs", self._retry,
                                     endpoint_of(self._w3))
-            except Web3RPCError:
+            except (Web3RPCError, requests.HTTPError):  # an answer (an HTTP 4xx too), not unreachability
                 if end == start:
                     raise  # not even one block: the refusal is not about the range
                 self._chunk = (end - start + 1) // 2  # a node's range or answer-size cap: ask for less

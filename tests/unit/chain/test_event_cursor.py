@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import requests
 from web3.exceptions import Web3RPCError
 
 import krill.chain.events as events_module
@@ -141,3 +142,21 @@ def test_a_refusal_of_a_single_block_is_raised_with_the_cursor_unmoved(monkeypat
     with pytest.raises(Web3RPCError):
         stream.poll((Committed,))
     assert stream.next_block == 0 and node.refused <= 12
+
+
+def test_a_node_that_refuses_a_long_range_with_an_http_4xx_is_asked_for_smaller_ranges(monkeypatch):
+    """Some gateways answer a range past their cap with an HTTP 400 rather than a JSON-RPC error."""
+    monkeypatch.setattr(events_module, "decode_log", lambda w3, log: log["event"])
+    node = ScriptedNode(4500, [_commit(5, 1), _commit(2500, 2), _commit(4400, 3)])
+    real = node.get_logs
+
+    def capped(query):
+        if query["toBlock"] - query["fromBlock"] + 1 > 1000:
+            response = requests.Response()
+            response.status_code = 400
+            raise requests.HTTPError("400 Client Error: block range too large", response=response)
+        return real(query)
+
+    node.get_logs = capped
+    stream = _stream(node)
+    assert [e.commit_id for e in stream.poll((Committed,))] == [1, 2, 3] and stream.next_block == 4501
