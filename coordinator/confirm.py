@@ -29,6 +29,8 @@ Design decisions:
   a confirmation waited one store timeout per such commit, so a worker that withheld one commit
   and committed a few more junk digests pushed its slash past its release block (the start check,
   `krill.coordinator.margin`, counts one timeout). A worker at quorum holds one more thread.
+  That lane's prefix (`krill.store.fetcher.PRIORITY_PREFIX`) runs it on the fetcher's priority
+  threads, which ingest's and the other workers' fetches never hold.
 - A replay is a teacher-forced pass, a re-sample and one gradient pass per shard: a few hundred
   milliseconds on the default model, paid once per commit at quorum (rare: the first slash
   jails the worker, and a jailed worker's later commits are rejected unchecked).
@@ -71,7 +73,7 @@ def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
     """Replay `commit_id`'s checks; confirmed when one fails."""
     from krill.coordinator.ingest import CommitView, fetched_contribution, submit_fetch
     from krill.db.models import ChainEventRow
-    from krill.store.fetcher import PASS_WAIT_S
+    from krill.store.fetcher import PASS_WAIT_S, PRIORITY_PREFIX
     from krill.store.unixfs import ObjectTooLargeError
 
     with ctx.db.session() as s:
@@ -85,7 +87,7 @@ def confirm_failure(ctx, commit_id: int, now: float) -> Confirmation:
     view = CommitView(commit_id, c.worker, int(c.version), c.header_digest, c.worker_key, block_time, False,
                       int(c.nonce))
     key = ("confirm", commit_id)  # apart from ingest's own fetch of the commit, keyed by its id
-    if submit_fetch(ctx, view, key, lane=f"confirm:{c.worker}"):
+    if submit_fetch(ctx, view, key, lane=f"{PRIORITY_PREFIX}{c.worker}"):
         ctx.fetcher.wait([key], PASS_WAIT_S)
     fetched = ctx.fetcher.take(key)
     if fetched is None:

@@ -16,6 +16,16 @@ Design decisions:
   it; a free thread takes the next job of the lane served least recently (round robin). A worker
   whose content never arrives therefore holds one thread, and each further thread it wants to
   hold costs it another staked account.
+- Lanes named with `PRIORITY_PREFIX` (the coordinator's confirmation fetches, `confirm:<worker>`,
+  whose result decides a slash) have threads of their own, `priority_threads` of them, that the
+  other lanes never use, and they use none of the others'. Sharing the pool, a cheater with
+  `threads` staked accounts, each with a commit of content nobody has, held every thread for a
+  store timeout, and the confirmation fetch that would slash one of them waited for a thread up to
+  that long again, past the one timeout the unbonding margin counts (`krill.coordinator.margin`).
+  A confirmation fetch is queued only for a commit a quorum of verifiers failed, and holds its
+  priority thread for a store timeout only when the content is missing, which slashes that worker
+  once the commit's window closed: holding every priority thread costs a cheater
+  `priority_threads` slashed accounts, where holding the ordinary threads cost it only gas.
 - A job's result or exception is kept until taken; a key is not queued again while it waits, runs
   or waits to be taken. Exceptions travel to the taker, so a store outage still stops the pass as
   it did when the pass fetched itself.
@@ -37,6 +47,7 @@ from typing import Any
 IDLE_S = 30.0  # a fetch thread idle this long ends
 PASS_WAIT_S = 2.0  # the longest a pass waits for the fetches it queued
 KEEP_S = 600.0  # a result nobody took this long is dropped
+PRIORITY_PREFIX = "confirm:"  # lanes so named run on the priority threads only
 
 
 @dataclass(frozen=True)
@@ -54,12 +65,16 @@ class Finished:
 
 
 class Fetcher:
-    """Runs submitted jobs on at most `threads` threads, one job per lane at a time."""
+    """Runs submitted jobs on at most `threads` threads, one job per lane at a time; lanes named with
+    `PRIORITY_PREFIX` run on at most `priority_threads` threads of their own."""
 
-    def __init__(self, threads: int = 8):
+    def __init__(self, threads: int = 8, priority_threads: int = 8):
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
+        if priority_threads < 1:
+            raise ValueError(f"priority_threads must be at least 1, got {priority_threads}")
         self.threads = threads
+        self.priority_threads = priority_threads
         self._cond = threading.Condition()
         self._lanes: OrderedDict[str, deque[tuple[Hashable, Callable[[], Any]]]] = OrderedDict()
         self._busy: set[str] = set()         # lanes with a running job
@@ -67,8 +82,8 @@ class Fetcher:
         self._done: dict[Hashable, Finished] = {}
         self._done_at: dict[Hashable, float] = {}  # when each result came (monotonic), for `KEEP_S`
         self._abandoned: set[Hashable] = set()  # running keys whose result nobody will take
-        self._alive = 0
-        self._idle = 0
+        self._alive = {False: 0, True: 0}  # threads alive, by priority
+        self._idle = {False: 0, True: 0}  # threads waiting for a job, by priority
 
     def submit(self, lane: str, key: Hashable, job: Callable[[], Any]) -> bool:
         """Queue `job` under `key` in `lane`, unless `key` is already queued, running or not yet taken;
@@ -78,9 +93,12 @@ class Fetcher:
                 return False
             self._known.add(key)
             self._lanes.setdefault(lane, deque()).append((key, job))
-            if self._alive < self.threads and self._runnable() > self._idle:
-                self._alive += 1
-                threading.Thread(target=self._serve, name="krill-fetch", daemon=True).start()
+            priority = lane.startswith(PRIORITY_PREFIX)
+            limit = self.priority_threads if priority else self.threads
+            if self._alive[priority] < limit and self._runnable(priority) > self._idle[priority]:
+                self._alive[priority] += 1
+                threading.Thread(target=self._serve, args=(priority,), daemon=True,
+                                 name="krill-fetch-priority" if priority else "krill-fetch").start()
             self._cond.notify_all()  # the condition is shared with `wait`: wake the idle threads among them
             return True
 
@@ -137,9 +155,9 @@ class Fetcher:
         with self._cond:
             return len(self._known) - len(self._done)
 
-    def _next(self) -> tuple[str, Hashable, Callable[[], Any]] | None:
+    def _next(self, priority: bool) -> tuple[str, Hashable, Callable[[], Any]] | None:
         for lane, queue in self._lanes.items():
-            if lane not in self._busy:
+            if lane not in self._busy and lane.startswith(PRIORITY_PREFIX) == priority:
                 key, job = queue.popleft()
                 if queue:
                     self._lanes.move_to_end(lane)
@@ -149,22 +167,22 @@ class Fetcher:
                 return lane, key, job
         return None
 
-    def _runnable(self) -> int:
-        return sum(lane not in self._busy for lane in self._lanes)
+    def _runnable(self, priority: bool) -> int:
+        return sum(lane not in self._busy and lane.startswith(PRIORITY_PREFIX) == priority for lane in self._lanes)
 
-    def _serve(self) -> None:
+    def _serve(self, priority: bool) -> None:
         while True:
             with self._cond:
-                picked, idle_since = self._next(), time.monotonic()
+                picked, idle_since = self._next(priority), time.monotonic()
                 while picked is None:
                     left = IDLE_S - (time.monotonic() - idle_since)
                     if left <= 0:
-                        self._alive -= 1
+                        self._alive[priority] -= 1
                         return
-                    self._idle += 1
+                    self._idle[priority] += 1
                     self._cond.wait(left)
-                    self._idle -= 1
-                    picked = self._next()
+                    self._idle[priority] -= 1
+                    picked = self._next(priority)
             lane, key, job = picked
             try:
                 done = Finished(value=job())

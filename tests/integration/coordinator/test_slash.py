@@ -392,3 +392,58 @@ def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coor
         assert got.confirmed is True and "challenge window closed" in got.detail, got.detail
     finally:
         timeout.set()
+
+
+def test_withheld_content_is_confirmed_while_other_accounts_fetches_hold_every_fetch_thread(coordinator_env):
+    """A cheater with as many staked accounts as the coordinator has fetch threads, each with a commit of content
+    nobody has, held every thread for a store timeout; the confirming fetch of its withheld commit at the failing
+    quorum then waited up to that timeout again for a thread, past the one timeout `krill.coordinator.margin`
+    counts. Confirmation fetches run on threads of their own (`krill.store.fetcher.PRIORITY_PREFIX`)."""
+    import os
+    import threading
+    import time
+
+    from krill.chain.rpc import mine
+    from krill.coordinator.confirm import confirm_failure
+    from krill.coordinator.ingest import ingest
+    from krill.errors import ContentNotFoundError
+    from krill.store.cid import digest_to_cid
+
+    env = coordinator_env()
+    accounts = [env.stake(index) for index in range(1, 9)]
+    verifier, _ = env.stake(10)
+    account, who = accounts[0]
+    junk, _ = env.produce(who, nonce=0)
+    junk_id = env.commit(account, junk)  # never uploaded
+    hanging = set()
+    for other, _ in accounts:  # one digest of content nobody has per account: each holds a fetch thread
+        digest = os.urandom(32)
+        env.chain.as_account(other).commit(env.run_id, 0, 1, digest)
+        hanging.add(digest_to_cid(digest))
+    env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
+    ctx, indexer = env.context()
+    assert len(accounts) >= ctx.fetcher.threads
+    indexer.sync()
+    timeout = threading.Event()  # set: the store's timeout has run out
+    get = ctx.store.get
+    holding = []
+
+    def networked_get(cid, **kwargs):
+        if cid in hanging:
+            holding.append(cid)
+            timeout.wait(60)
+            raise ContentNotFoundError(f"no provider for {cid} within the timeout")
+        return get(cid, **kwargs)
+
+    ctx.store.get = networked_get
+    try:
+        ingest(ctx, 1)  # queues every account's fetches; the hanging ones hold every fetch thread
+        mine(env.chain.w3, ctx.spec.chain.challenge_window_blocks + 1)
+        deadline = time.monotonic() + 15
+        while "still being fetched" in (got := confirm_failure(ctx, junk_id, time.time())).detail \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(holding) == ctx.fetcher.threads, holding  # every ordinary thread was held meanwhile
+        assert got.confirmed is True and "challenge window closed" in got.detail, got.detail
+    finally:
+        timeout.set()

@@ -99,9 +99,9 @@ def test_idle_threads_end(monkeypatch):
         fetcher.submit(f"w{lane}", lane, lambda: None)
     fetcher.wait(range(3), 5)
     deadline = time.monotonic() + 5
-    while fetcher._alive and time.monotonic() < deadline:
+    while any(fetcher._alive.values()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert fetcher._alive == 0
+    assert fetcher._alive == {False: 0, True: 0}
     fetcher.submit("w", 9, lambda: "after")  # a new job starts a thread again
     fetcher.wait([9], 5)
     assert fetcher.take(9).result() == "after"
@@ -110,6 +110,8 @@ def test_idle_threads_end(monkeypatch):
 def test_threads_must_be_positive():
     with pytest.raises(ValueError, match="threads must be at least 1, got 0"):
         Fetcher(threads=0)
+    with pytest.raises(ValueError, match="priority_threads must be at least 1, got 0"):
+        Fetcher(priority_threads=0)
 
 
 def test_forget_drops_a_queued_job_and_discards_a_running_ones_result():
@@ -141,3 +143,40 @@ def test_a_result_nobody_takes_is_dropped_after_keep_s(monkeypatch):
     fetcher.submit("lane", "new", lambda: "new")
     fetcher.wait(["new"], 5)
     assert "old" not in fetcher and fetcher.take("old") is None
+
+
+def test_a_confirmation_fetch_starts_at_once_while_every_ordinary_thread_is_held():
+    """A cheater with as many staked accounts as the pool has threads, each with a fetch the store holds until its
+    timeout, held every thread, and the confirmation fetch that would slash it waited up to that timeout again
+    for a thread: past the one timeout `krill.coordinator.margin` counts. Confirmation lanes have threads of their
+    own."""
+    fetcher, release, started = Fetcher(), threading.Event(), []  # the coordinator's pool
+    try:
+        for account in range(fetcher.threads):
+            fetcher.submit(f"0xcheat{account}", account, _blocking(release, started, f"junk-{account}"))
+        fetcher.submit("confirm:0xcheat0", "confirm", lambda: "confirmed")  # the coordinator's lane
+        fetcher.wait(["confirm"], 5)
+        done = fetcher.take("confirm")
+        assert done is not None and done.result() == "confirmed"
+        assert fetcher.in_flight() == fetcher.threads  # the junk is still held
+    finally:
+        release.set()
+
+
+def test_priority_lanes_have_their_own_bounded_threads_and_never_take_the_others():
+    from krill.store.fetcher import PRIORITY_PREFIX
+
+    fetcher, release, started = Fetcher(threads=1, priority_threads=2), threading.Event(), []
+    try:
+        for n in range(3):
+            fetcher.submit(f"{PRIORITY_PREFIX}w{n}", ("confirm", n), _blocking(release, started, f"confirm-{n}"))
+        fetcher.submit("w0", "ingest", lambda: "ingested")
+        fetcher.wait(["ingest"], 5)
+        assert fetcher.take("ingest").result() == "ingested"  # the ordinary thread is not taken by a confirmation
+        fetcher.wait([("confirm", 2)], 0.3)
+        assert sorted(started) == ["confirm-0", "confirm-1"]  # the third waits for a priority thread
+        assert fetcher._alive == {False: 1, True: 2}
+    finally:
+        release.set()
+    fetcher.wait([("confirm", n) for n in range(3)], 5)
+    assert [fetcher.take(("confirm", n)).result() for n in range(3)] == ["confirm-0", "confirm-1", "confirm-2"]
