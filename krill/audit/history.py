@@ -22,9 +22,11 @@ Design decisions:
   whatever the run: a stake is jailed for good, across runs), which a rejection as `jailed` must
   follow.
 - Each verdict on a commit of the run is kept with its commit and verifier, and each account's first
-  `Staked` block: trust counts only the verdicts of verifiers the commit's draw selected and whose key
-  was on-chain by the commit's block (`coordinator/standing.py`), and `verdict_counts` takes that rule
-  as a predicate (`AuditSource.counts_towards_trust`), since the draw needs the commits' views.
+  `Staked` block since the run's creation (not its key's first where it staked before the run and
+  topped up or re-staked since: `AuditSource.staked_before_run` reads those): trust counts only the
+  verdicts of verifiers the commit's draw selected and whose key was on-chain by the commit's block
+  (`coordinator/standing.py`), and `verdict_counts` takes that rule as a predicate
+  (`AuditSource.counts_towards_trust`), since the draw needs the commits' views.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class RunHistory:
     slashes: dict[int, object] = field(default_factory=dict)  # commit id -> its Slashed event
     # worker -> (block, ok, commit id, verifier) of each verdict on its commits of the run
     verdicts: dict[str, list[tuple[int, bool, int, str]]] = field(default_factory=lambda: defaultdict(list))
-    staked: dict[str, int] = field(default_factory=dict)  # account -> block of its first Staked event
+    staked: dict[str, int] = field(default_factory=dict)  # account -> block of its first Staked event in the run
     commits: dict[int, tuple[int, str]] = field(default_factory=dict)  # commit id of the run -> (block, worker)
     jailed: dict[str, int] = field(default_factory=dict)  # worker -> block of its WorkerJailed event
 

@@ -23,6 +23,15 @@ Design decisions:
   commit) from public data alone, and the verdicts, fundings and settlements the ledger checks read.
   On a live run the chain moves on during an audit; where a view read later names what the scan
   cannot have seen (a version settled since), the ledger reads the events again (`refresh_history`).
+- A verifier's key counts as on-chain by a commit's block when its first `Staked` event is in that block
+  or earlier (`counts_towards_trust`, as `coordinator/standing.py` reads it from an index kept since the
+  protocol's deployment). The run's scan sees only the `Staked` events since the run's creation, and the
+  contract emits one for every top-up and every re-stake: the first of them is not the key's first when
+  the account staked before the run. So where the run's scan would refuse a verdict for a key staked
+  after the commit, the `Staked` events before the run are read (once, from `from_block`, the protocol's
+  deployment block) and an account staked there counts. (Taking the run's first `Staked` as the key's
+  failed an honest record: a verifier staked before the run that topped up its stake during it had
+  its earlier verdicts uncounted, so a worker's trust from them read as unreachable.)
 """
 
 from __future__ import annotations
@@ -54,8 +63,10 @@ def data_fault(exc: Exception) -> str:
 class AuditSource:
     """Chain + store access for auditing one run."""
 
-    def __init__(self, chain, store, spec: RunSpec):
+    def __init__(self, chain, store, spec: RunSpec, from_block: int = 0):
         self.chain, self.store, self.spec = chain, store, spec
+        self.from_block = int(from_block)  # the protocol's deployment block: where its `Staked` events start
+        self._staked_before_run: set[str] | None = None
         self._versions: dict[int, VersionState] = {}
         self._records: dict[int, AggregationRecord] = {}
         self._keys: dict[str, bytes] = {}
@@ -192,7 +203,7 @@ class AuditSource:
         (`coordinator/standing.py`): the commit's sealed randomness selected the verifier's key (the
         contract's draw, `krill.protocol.selection.drawn`, at the run spec's check probability), and that
         key was on-chain by the commit's block (its first `Staked` event then or earlier, or before the
-        run: none in the history). Anyone staked may attest: without this rule a worker's own sybil
+        run: `staked_before_run`). Anyone staked may attest: without this rule a worker's own sybil
         verifiers passing its commits bounded the trust a record may claim from above, not the draw."""
         from krill.protocol.selection import drawn
 
@@ -200,11 +211,26 @@ class AuditSource:
         if bytes(commit.randomness) == ZERO32:
             return False  # never sealed: nobody was selected
         first = self.history.staked.get(verifier.lower())
-        if first is not None and first > int(commit.commit_block):
+        if first is not None and first > int(commit.commit_block) and not self.staked_before_run(verifier):
             return False
         key = self.staked_key(verifier)
         return key != ZERO32 and drawn(bytes(commit.randomness), int(commit_id), key,
                                        int(self.spec.chain.check_probability_ppm))
+
+    def staked_before_run(self, account: str) -> bool:
+        """Whether `account` has a `Staked` event from `from_block` to before the run's creation block (its
+        key was on-chain before any of the run's commits). Read once per audit, and only when a verdict
+        needs it (see the module docstring)."""
+        if self._staked_before_run is None:
+            from krill.chain.events import Staked
+
+            created, found = int(self.run.created_block), set()
+            for event in self.chain.events(from_block=self.from_block, kinds=(Staked,)):
+                if event.block_number >= created:
+                    break  # oldest first: the rest are the run's own (`RunHistory.staked`)
+                found.add(event.account.lower())
+            self._staked_before_run = found
+        return account.lower() in self._staked_before_run
 
     def verdict_counts(self, worker: str, before_block: int) -> tuple[int, int]:
         """(passing, failing) verdicts that count towards `worker`'s trust (`counts_towards_trust`), on its

@@ -92,7 +92,8 @@ def release_files(chain, store, spec, version: int, *, eval_n: int | None = None
         raise ConfigError(f"audit_last={audit_last}: give a number of versions >= 1, and not with unaudited")
     # Version 0 has no lineage to audit: the (empty) audit runs whatever the flag says.
     audit = not_audited(version) if unaudited and version else \
-        audit_lineage(chain, store, spec, version, progress, first=first_audited(version, audit_last))
+        audit_lineage(chain, store, spec, version, progress, first=first_audited(version, audit_last),
+                      from_block=from_block)
     run_id = spec.run_id
     target = load_chain_version(chain, store, spec, version)
     base = target if version == 0 else load_chain_version(chain, store, spec, 0)

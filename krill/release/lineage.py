@@ -68,14 +68,16 @@ def first_audited(version: int, last_n: int | None) -> int:
     return 1 if last_n is None else max(1, version - last_n + 1)
 
 
-def audit_lineage(chain, store, spec, version: int, progress: Callable | None = None, first: int = 1) -> AuditFacts:
+def audit_lineage(chain, store, spec, version: int, progress: Callable | None = None, first: int = 1,
+                  from_block: int = 0) -> AuditFacts:
     """Audit versions `first`..`version` in order; raise `ReleaseAuditError` at the first that fails.
-    `progress(report, last)` sees each version's `AuditReport` as it is done."""
+    `progress(report, last)` sees each version's `AuditReport` as it is done; `from_block` is the protocol's
+    deployment block (`AuditSource`)."""
     from krill.audit import AuditSource, audit_version
 
     if first < 1:
         raise ValueError(f"first={first}: versions start at 1")
-    source = AuditSource(chain, store, spec)
+    source = AuditSource(chain, store, spec, from_block=from_block)
     checks = 0
     for v in range(first, version + 1):
         report = audit_version(source, v)

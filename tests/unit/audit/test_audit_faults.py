@@ -130,6 +130,28 @@ def test_a_trust_no_count_of_the_workers_verdicts_gives_fails_the_weight_check(t
     assert "for any p <= 2 passing and f <= 0 failing" in failed["commit 5 weight"]  # 3 passes: one too many
 
 
+def test_a_verifier_staked_before_the_run_that_tops_up_during_it_still_counts(tmp_path):
+    """The contract emits `Staked` for every top-up and re-stake, and the run's scan starts at its creation
+    block: a verifier staked before the run whose first `Staked` there is a top-up after a commit had its
+    verdict on that commit uncounted, though its key was on-chain all along and the coordinator (its index
+    kept since the deployment) counts it; the honest trust of one pass failed as unreachable."""
+    world = World(tmp_path)
+    chain, verifier = world.chain, "0x" + "e3" * 20
+    commit = chain.commit(WORKER, 0, 0, b"\x05" * 32, block=50)
+    key = chain.selected_key(commit)
+    chain.stake(verifier, key, block=0)  # before the run (created in block 1)
+    chain.attest(commit, True, verifier)  # selected, keyed before the commit: it counts
+    chain.stake(verifier, key, block=80)  # a top-up during the run
+    late = "0x" + "e4" * 20  # first staked during the run, after the commit: still not counted
+    chain.stake(late, key, block=81)
+    chain.attest(commit, True, late)
+    world.publish(1, accepted=[_entry(2, trust=repr(2 / 5), weight=repr(2 / 5)),
+                               _entry(3, trust=repr(3 / 6), weight=repr(3 / 6))])
+    failed = _failed(audit_versions(world.source(), [1])[0])
+    assert "commit 2 weight" not in failed, failed
+    assert "for any p <= 1 passing and f <= 0 failing" in failed["commit 3 weight"], failed
+
+
 def test_only_verdicts_the_coordinator_counts_bound_a_claimed_trust(tmp_path):
     """Anyone staked may attest, so the coordinator counts a verdict towards trust only when the commit's draw
     selected its verifier and the verifier's key was on-chain by the commit's block (`coordinator/standing.py`).
