@@ -42,6 +42,14 @@ Design decisions:
   coordinator's key while it runs) takes nonces this book does not see; the write was lost and a raw
   node error stopped the role. The transaction is first looked up by its hash, so a resend of one the
   node already has still counts as sent and is never sent twice under two nonces.
+- A receipt that does not come within `receipt_timeout_s` raises `ReceiptTimeout`, a `ChainError`
+  that is also web3's `TimeExhausted` (as `ChainUnavailableError` is a `ConnectionError`). web3's own
+  class is no `KrillError`: the CLIs printed it as a traceback, and a role could not name it among
+  Krill's faults (the coordinator's loop stopped on it). Handlers of `TimeExhausted` (the worker's
+  back-off, the verifier's passing faults) keep matching it. It is deliberately not a
+  `ChainUnavailableError`: the node answered, and the transaction may still land, which callers
+  settle their own way (the verifier retries that one commit and looks for its attestation first,
+  while an outage aborts its whole pass).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ from typing import Any, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
+from web3.exceptions import TimeExhausted
 
 from krill.chain.errors import revert_from_exception, revert_from_rpc_error
 from krill.chain.events import ChainEvent, decode_receipt
@@ -69,6 +78,15 @@ NONCE_RETAKES = 3  # how often a send refused for a taken nonce is signed again 
 # Besu, Nethermind, py-evm), lower case.
 _NONCE_TAKEN = ("nonce too low", "nonce_too_low", "oldnonce", "invalid transaction nonce",
                 "replacement transaction underpriced", "nonce has already been used")
+
+
+class ReceiptTimeout(ChainError, TimeExhausted):
+    """A sent transaction is not in the chain after the receipt timeout; it may still be mined
+    (`Transactor._wait_receipt`). `transaction_hash` names it."""
+
+    def __init__(self, message: str, transaction_hash: str):
+        super().__init__(message)
+        self.transaction_hash = transaction_hash
 
 
 class TransactionFailed(ContractRevert):
@@ -347,7 +365,7 @@ class Transactor:
         contribution 50 ms for nothing. A public chain's blocks take seconds, where the 50 ms cap
         keeps the polling cheap.
         """
-        from web3.exceptions import TimeExhausted, TransactionIndexingInProgress, TransactionNotFound
+        from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 
         deadline = time.monotonic() + self.receipt_timeout_s
         delay = 0.002
@@ -357,8 +375,9 @@ class Transactor:
             except (TransactionNotFound, TransactionIndexingInProgress):
                 # Not mined yet, or the node is still indexing (as web3's own wait treats both).
                 if time.monotonic() >= deadline:
-                    raise TimeExhausted(f"{what}: transaction {Web3.to_hex(tx_hash)} "
-                                        f"is not in the chain after {self.receipt_timeout_s:g} seconds") from None
+                    shown = Web3.to_hex(tx_hash)
+                    raise ReceiptTimeout(f"{what}: transaction {shown} is not in the chain after "
+                                         f"{self.receipt_timeout_s:g} seconds", shown) from None
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
 

@@ -47,7 +47,7 @@ def test_a_pass_whose_receipt_came_late_is_recorded_as_the_pass_the_chain_holds(
     try:
         loop.step()
         assert loop.state.decision(commit_id).status == PENDING
-        assert any("TimeExhausted" in line for line in lines), lines
+        assert any("ReceiptTimeout" in line for line in lines), lines
         loop._retry_at.clear()
         loop.step()  # the retry: nothing on-chain yet, and the estimate meets our pending transaction
         assert loop.state.decision(commit_id).status == PENDING, loop.state.decision(commit_id)

@@ -22,11 +22,42 @@ def test_receipt_of_a_mined_transfer_is_returned():
 
 
 def test_a_transaction_never_mined_times_out_naming_it():
+    """The timeout is a Krill chain error (web3's `TimeExhausted` is no `KrillError`, and a coordinator
+    pass whose publication was not mined in time stopped the coordinator on it) that handlers of
+    `TimeExhausted` still match (the worker's back-off, the verifier's passing faults). It is no
+    `ChainUnavailableError`, which aborts a verifier's whole pass rather than retrying that commit."""
+    from krill.chain.tx import ReceiptTimeout
+    from krill.errors import ChainError, ChainUnavailableError, KrillError
+
     tx = Transactor(connect_in_process(accounts=1), dev_account(0), receipt_timeout_s=0.1)
     started = time.monotonic()
-    with pytest.raises(TimeExhausted, match=r"commit: transaction 0x(ab){32} is not in the chain after 0.1 seconds"):
+    with pytest.raises(ReceiptTimeout, match=r"commit: transaction 0x(ab){32} is not in the chain after 0.1 seconds") \
+            as caught:
         tx._wait_receipt(bytes.fromhex("ab" * 32), "commit")
     assert time.monotonic() - started < 2.0
+    error = caught.value
+    assert isinstance(error, ChainError) and isinstance(error, KrillError) and isinstance(error, TimeExhausted)
+    assert not isinstance(error, ChainUnavailableError)
+    assert error.transaction_hash == "0x" + "ab" * 32
+
+
+def test_a_send_whose_receipt_never_comes_raises_the_krill_timeout_and_forgets_the_nonce(monkeypatch):
+    """Through the whole write (`_send`): a node that mines nothing within the timeout."""
+    from web3.exceptions import TransactionNotFound
+
+    from krill.chain.tx import ReceiptTimeout
+
+    w3 = connect_in_process(accounts=2)
+    sender, receiver = dev_account(0), dev_account(1)
+    tx = Transactor(w3, sender, receipt_timeout_s=0.05)
+
+    def never_mined(tx_hash):
+        raise TransactionNotFound(f"transaction {tx_hash!r} not found")
+
+    monkeypatch.setattr(w3.eth, "get_transaction_receipt", never_mined)
+    with pytest.raises(ReceiptTimeout, match="transfer: transaction 0x[0-9a-f]{64} is not in the chain"):
+        tx._send(lambda params: {**params, "to": receiver.address, "value": 1}, "transfer")
+    assert sender.address not in tx.nonces._next  # read from the chain again at the next send
 
 
 def test_a_node_still_indexing_is_waited_for(monkeypatch):
