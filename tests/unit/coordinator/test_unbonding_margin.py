@@ -67,7 +67,8 @@ def test_the_window_is_not_taken_off_the_release_counts_from_its_close():
 
 
 def test_a_chain_that_mines_on_demand_has_no_block_time_and_is_not_checked():
-    """Anvil's automine stamps many blocks with one second: no block time to turn blocks into seconds."""
+    """Blocks that all share one timestamp (mined on demand, many a second): no block time to turn blocks
+    into seconds. (Anvil's automine stamps wall-clock seconds, so its blocks share one only within a second.)"""
     chain = _Chain(head=300, seconds=0, unbonding=5)
     assert recent_block_time(chain) is None
     lines: list[str] = []
