@@ -13,6 +13,9 @@ Design decisions:
   deterministic), which also pins every behaviour log-prob within tolerance; and one shard's
   gradient recomputed on the committed batch (cosine and relative-norm tolerances of the run).
   Every check returns figures, so the evidence document says how far off a failure was.
+  Each check stands on its own on a batch that validated: the rewards check fails a sequence
+  count other than the assignment's rather than raising (the audit runs it after a failed
+  assignment check, on a commit the coordinator rejected).
 - The re-sampling check first tries to confirm the claimed tokens as the seed's draws in one
   teacher-forced pass (`krill.rl.engine.replay`: the sampler's noise replayed, every token must be
   the arg-max of its step); only what that does not confirm is generated again token by token,
@@ -236,8 +239,15 @@ def check_assignment(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: 
 
 
 def check_rewards(spec: RunSpec, task, tokenizer, header: HeaderBody, batch: RolloutBatch) -> CheckOutcome:
+    """Every claimed reward is the task's reward of its completion. A batch whose sequence count is not
+    the assignment's fails here too (whoever runs this check without the assignment's first, the audit
+    does, must get an outcome, not an IndexError from a sequence without a prompt)."""
     _, problems = assigned_problems(spec, task, header.worker, header.behaviour_version, header.nonce)
     metas = [meta for _, meta in problems]
+    want = len(metas) * spec.rollout.group_size
+    if batch.n_sequences != want:
+        return CheckOutcome("rewards", False, f"{batch.n_sequences} sequences, the assignment has {want}: "
+                            "rewards not recomputed", {"sequences": batch.n_sequences, "assigned": want})
     rollouts = rollouts_from_payload(batch)
     recomputed = compute_rewards(spec, task, tokenizer, rollouts, metas).numpy()
     wrong = int(np.sum(recomputed != batch.rewards))

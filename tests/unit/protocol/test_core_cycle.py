@@ -75,6 +75,25 @@ def test_forged_rewards_fail_the_reward_check(tiny_run):
     assert not check.ok and check.figures["mismatched"] == len(contribution.rollouts.rewards)
 
 
+@pytest.mark.parametrize("change", [1, -4])
+def test_a_batch_of_another_sequence_count_fails_the_reward_check_without_raising(tiny_run, change):
+    """The audit runs the rewards check after a failed assignment check: a 17th sequence (one without an
+    assigned prompt) raised IndexError there, and the version's audit stopped as an internal failure."""
+    from krill.payload.rollout import RolloutBatch
+
+    store, spec, base, workers = tiny_run
+    header, files = _produce(spec, base, workers[2], nonce=5)
+    batch = _validate(spec, base, header, files).rollouts
+    n = batch.n_sequences + change
+    picks = [min(i, batch.n_sequences - 1) for i in range(n)]
+    sequences = [tuple(list(part) for part in batch.sequence(i)) for i in picks]
+    other = RolloutBatch.from_sequences(sequences, batch.rewards[picks].tolist(), batch.group_ids[picks].tolist())
+    task, tok = get_task(spec.task), load_tokenizer(base)
+    assert not check_assignment(spec, task, tok, header, other).ok
+    check = check_rewards(spec, task, tok, header, other)
+    assert not check.ok and check.figures == {"sequences": n, "assigned": batch.n_sequences}
+
+
 def test_fold_publish_reload_is_deterministic_and_moves_weights(tiny_run):
     store, spec, base, workers = tiny_run
     # A random tiny model earns no reward (zero advantages, zero gradients), so the values folded
