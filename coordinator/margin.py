@@ -97,11 +97,12 @@ class Margin:
 
 
 def recent_block_time(chain, sample: int = BLOCK_SAMPLE) -> float | None:
-    """Mean seconds per block over the last `sample` blocks; None when they share one timestamp (or the
-    chain has a single block): blocks mined on demand."""
+    """Mean seconds per block over the last `sample` blocks, genesis left out (a dev chain's genesis may carry
+    timestamp 0, which would make every block look hours long); None when they share one timestamp (or the
+    chain has fewer than two blocks after genesis): blocks mined on demand."""
     head = chain.block_number()
-    first = max(0, head - sample)
-    if head == first:
+    first = max(1, head - sample)
+    if head <= first:
         return None
     span = chain.block_time(head) - chain.block_time(first)
     return span / (head - first) if span > 0 else None

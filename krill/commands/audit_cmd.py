@@ -58,8 +58,8 @@ def audit(version: int | None, all_versions: bool, last: int | None, as_json: bo
     if sum((version is not None, all_versions, last is not None)) != 1:
         raise click.UsageError("give exactly one of --version V, --last N and --all")
     with ExitStack() as stack:
-        _, chain, store, spec = open_public_run(stack)
-        source = AuditSource(chain, store, spec)
+        config, chain, store, spec = open_public_run(stack)
+        source = AuditSource(chain, store, spec, from_block=config.chain.deploy_block)
         latest = source.latest_version()
         if version is not None:
             versions = [version]

@@ -82,3 +82,20 @@ def test_block_time_is_the_mean_over_the_last_blocks_only():
     assert recent_block_time(chain) == 2.0 and sorted(chain.read) == [1000 - 256, 1000]
     assert recent_block_time(_Chain(head=0, seconds=2, unbonding=5)) is None  # a chain of one block
     assert recent_block_time(_Chain(head=3, seconds=2, unbonding=5)) == 2.0
+
+
+class _GenesisAtZero(_Chain):
+    """As `_Chain`, with a genesis block stamped 0, as some dev chains stamp it."""
+
+    def block_time(self, number: int) -> int:
+        return 0 if number == 0 else super().block_time(number)
+
+
+def test_a_genesis_stamped_zero_is_left_out_of_the_block_time():
+    """A chain younger than the sample: block 0 at timestamp 0 would make the mean block time years long
+    and pass any margin."""
+    assert recent_block_time(_GenesisAtZero(head=100, seconds=1, unbonding=5)) == 1.0
+    margin = measure(_GenesisAtZero(head=100, seconds=1, unbonding=5), window_blocks=4, confirmations=0,
+                     fetch_timeout_s=6.0, poll_interval_s=0.5)
+    assert not margin.safe
+    assert recent_block_time(_GenesisAtZero(head=1, seconds=1, unbonding=5)) is None
