@@ -15,6 +15,12 @@ Design decisions:
   staked account can raise the tally at will (five verifiers staked after a commit, passing it,
   lifted it from 0.4 to 0.7 while the coordinator weighed the worker at 0.25). The index's verdict
   counts are shown instead, labelled as every verifier's (`verdicts`). Verifiers are not weighed.
+- A contribution counts as accepted once a published version folded it (`aggregated_version` up to
+  the chain's latest version), as the record that version publishes, the explorer and `krill demo`
+  count it: the coordinator's rows say accepted from validation on, while the contribution waits
+  for a version (which may still reject it, as late) and while its version is journalled but not
+  published. Those are counted apart (`accepted_unpublished`); counted as accepted, status said
+  "3 accepted" beside a trust row that no published version had weighed the worker yet.
 - The coordinator's verdicts on contributions and the earnings tally live in the index database
   (`krill.db`). The index is used when one is there for this deployment (an existing SQLite file
   or a reachable PostgreSQL whose `index_meta` names this contract); it is opened read-only
@@ -303,9 +309,12 @@ def _verdicts_row(s: AccountStatus) -> str:
     return f"{s.verdicts['passed']} passed / {s.verdicts['failed']} failed (every verifier's, index; not trust)"
 
 
-def contributions_from_index(index: Index, run_id: bytes, worker: str, recent: int = 5) -> dict | None:
-    """The coordinator's decisions on this worker's commits (from the shared database), or None if unknown."""
-    from sqlalchemy import func, select
+def contributions_from_index(index: Index, run_id: bytes, worker: str, latest_version: int,
+                             recent: int = 5) -> dict | None:
+    """The coordinator's decisions on this worker's commits (from the shared database), or None if unknown.
+    `latest_version`: the run's newest published version (the chain's); see the module docstring for why
+    accepted contributions folded into none up to it are counted apart (`accepted_unpublished`)."""
+    from sqlalchemy import case, func, select
 
     from krill.db.models import Contribution, ContributionStatus
 
@@ -313,9 +322,16 @@ def contributions_from_index(index: Index, run_id: bytes, worker: str, recent: i
         return None
     run_hex, who = run_id.hex(), worker.lower()
     where = (Contribution.run_id == run_hex, Contribution.worker == who)
+    published = case((Contribution.aggregated_version <= int(latest_version), 1), else_=0)
     with index.db.session() as session:
-        by_status = {ContributionStatus(k).value: v for k, v in session.execute(
-            select(Contribution.status, func.count()).where(*where).group_by(Contribution.status)).all()}
+        by_status: dict[str, int] = {}
+        for status, in_published, n in session.execute(
+                select(Contribution.status, published, func.count()).where(*where)
+                .group_by(Contribution.status, published)).all():
+            name = ContributionStatus(status).value
+            if name == ContributionStatus.ACCEPTED.value and not in_published:
+                name = "accepted_unpublished"
+            by_status[name] = by_status.get(name, 0) + int(n)
         reasons = {str(getattr(k, "value", k)): v for k, v in session.execute(
             select(Contribution.reason_code, func.count()).where(*where, Contribution.reason_code.is_not(None))
             .group_by(Contribution.reason_code)).all()}
@@ -323,8 +339,8 @@ def contributions_from_index(index: Index, run_id: bytes, worker: str, recent: i
                                  .where(*where, Contribution.status == ContributionStatus.REJECTED)
                                  .order_by(Contribution.commit_id.desc()).limit(recent)).all()
     return {
-        "accepted": by_status.get("accepted", 0), "rejected": by_status.get("rejected", 0),
-        "pending": by_status.get("pending", 0),
+        "accepted": by_status.get("accepted", 0), "accepted_unpublished": by_status.get("accepted_unpublished", 0),
+        "rejected": by_status.get("rejected", 0), "pending": by_status.get("pending", 0),
         "rejected_by_reason": dict(sorted(reasons.items())),
         "recent_rejections": [{"commit_id": c.commit_id, "version": c.version,
                                "reason_code": getattr(c.reason_code, "value", c.reason_code),

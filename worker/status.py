@@ -4,7 +4,9 @@ Design decisions:
 - Two views of the contributions, each labelled with where it comes from: the worker's own log
   (`contributions.jsonl`: committed, or dropped and why, e.g. stale) always; the coordinator's
   verdicts (accepted, rejected with reason codes) only when an index database for this deployment
-  is at hand, since nothing on-chain records them; otherwise "unknown (no index)".
+  is at hand, since nothing on-chain records them; otherwise "unknown (no index)". Accepted means
+  folded into a published version; accepted ones not yet there are counted apart
+  (`krill.account_status.contributions_from_index`).
 - The log is counted per nonce, its last line winning: a crash between an outcome's log line and
   the state write that clears the pending entry repeats the line on restart, marked `resumed`
   (`krill.worker.nonce_state`), and that is still one contribution.
@@ -59,7 +61,8 @@ def worker_status(config: KrillConfig):
     index = open_index(config)
     try:
         status = account_status(config, "worker", chain, address, index, run_id)
-        verdicts = contributions_from_index(index, run_id, address) if run_id is not None else None
+        verdicts = (contributions_from_index(index, run_id, address, status.run["latest_version"])
+                    if run_id is not None and status.run is not None else None)
     finally:
         index.close()
     local = _local(config, address, run_id)
@@ -78,8 +81,11 @@ def worker_status(config: KrillConfig):
         rows.append(("coordinator", status.index if run_id is not None else "unknown (run.id is not set)"))
     else:
         reasons = ", ".join(f"{k} {v}" for k, v in verdicts["rejected_by_reason"].items())
-        rows.append(("coordinator", f"{verdicts['accepted']} accepted, {verdicts['rejected']} rejected"
-                     + (f" ({reasons})" if reasons else "") + f", {verdicts['pending']} pending"))
+        unpublished = verdicts["accepted_unpublished"]
+        rows.append(("coordinator", f"{verdicts['accepted']} accepted"
+                     + (f" (+ {unpublished} accepted, not in a published version yet)" if unpublished else "")
+                     + f", {verdicts['rejected']} rejected" + (f" ({reasons})" if reasons else "")
+                     + f", {verdicts['pending']} pending"))
         details += [f"rejected commit #{r['commit_id']} (v{r['version']}): {r['reason_code']}: {r['reason']}"
                     for r in verdicts["recent_rejections"]]
     extra = {"local": local, "contributions": verdicts,

@@ -154,3 +154,24 @@ def test_an_unreadable_newer_record_is_not_skipped_for_an_older_weighing(tmp_pat
     chain = _Chain({1: _published(store, 1, [_entry(1, me, "0.25")]), 2: b"\x77" * 32})
     got, note, where = weighed_trust(chain, store, b"\xab" * 32, me, 2)
     assert got is None and where is None and note.startswith("unknown (the record of version 2 is unreadable")
+
+
+def test_the_coordinators_accepted_count_is_what_published_versions_folded(tmp_path):
+    """The coordinator's rows say accepted from validation on: a contribution waiting for a version (which may
+    still reject it as late) and one journalled for a version not published yet were counted as accepted, so
+    status said "3 accepted" where the published records, the explorer and `krill demo` count 1."""
+    from krill.account_status import contributions_from_index
+    from krill.db.models import Contribution, ContributionStatus
+
+    world = fill_index_world(f"sqlite:///{tmp_path / 'index.db'}", tmp_path)  # commit 1 accepted in version 1
+    with open_database(world.url) as db, db.write() as s:
+        for commit_id, folded in ((40, None), (41, 3)):  # waiting; journalled for version 3 (the chain has 2)
+            s.add(Contribution(commit_id=commit_id, run_id=world.run, worker=world.honest, version=2,
+                               status=ContributionStatus.ACCEPTED, weight=0.25, staleness=0, trust=0.25,
+                               aggregated_version=folded))
+    with open_database(world.url, create=False) as db:
+        index = Index(db, "index", 100)
+        got = contributions_from_index(index, bytes.fromhex(world.run), world.honest, 2)
+        assert (got["accepted"], got["accepted_unpublished"], got["rejected"], got["pending"]) == (1, 2, 0, 0)
+        later = contributions_from_index(index, bytes.fromhex(world.run), world.honest, 3)  # version 3 published
+        assert (later["accepted"], later["accepted_unpublished"]) == (2, 1)
