@@ -25,14 +25,15 @@ Design decisions:
   smaller chunk for later reads. (With a fixed chunk such a node refused every catch-up longer than its cap, on every
   poll, so the stream never moved and the verifier reading it stopped.) At most log2(chunk) extra
   requests are spent finding the size; unreachability is not a refusal and is retried as before.
+  `read_within_cap` is that halving, shared with the database indexer (`krill.db.indexer`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
 from eth_utils import event_abi_to_log_topic
@@ -47,6 +48,10 @@ from krill.chain.types import RunParams, from_abi
 from krill.errors import ChainUnavailableError
 
 _RENAMES = {"from": "sender", "to": "recipient"}
+T = TypeVar("T")
+# A node's refusal of an `eth_getLogs` query (an error answer, or a gateway's HTTP 4xx: `with_retries`
+# raises only the statuses it does not retry): an answer, not unreachability.
+LOG_REFUSALS = (Web3RPCError, requests.HTTPError)
 
 
 @dataclass(frozen=True)
@@ -285,6 +290,20 @@ def decode_receipt(w3: Web3, receipt: Any) -> tuple[ChainEvent, ...]:
     return tuple(e for e in (decode_log(w3, log) for log in receipt["logs"]) if e is not None)
 
 
+def read_within_cap(read: Callable[[int, int], T], start: int, end: int) -> tuple[int, T]:
+    """(last block read, `read(start, last)`): blocks start..end, or, where the node refuses the range
+    (`LOG_REFUSALS`, a cap on its length or on the logs per answer), the first half of it, halved
+    again down to a single block, whose refusal is raised. A caller keeps `last - start + 1` as its
+    range for later reads (see the module docstring)."""
+    while True:
+        try:
+            return end, read(start, end)
+        except LOG_REFUSALS:
+            if end == start:
+                raise  # not even one block: the refusal is not about the range
+            end = start + (end - start + 1) // 2 - 1
+
+
 class EventStream:
     """Reads the events of some contracts block range by block range, confirmed blocks only."""
 
@@ -335,20 +354,20 @@ class EventStream:
         if topics == [[]]:  # no Krill event is of these kinds (an empty list would match every log)
             yield last, []
             return
-        start = self.next_block
-        while start <= last:
-            end = min(last, start + self._chunk - 1)
-            query = {"fromBlock": start, "toBlock": end, "address": self._addresses}
+
+        def read(first: int, end: int) -> list:
+            query = {"fromBlock": first, "toBlock": end, "address": self._addresses}
             if topics is not None:
                 query["topics"] = topics
-            try:
-                logs = with_retries(lambda q=query: self._w3.eth.get_logs(q), "eth_getLogs", self._retry,
-                                    endpoint_of(self._w3))
-            except (Web3RPCError, requests.HTTPError):  # an answer (an HTTP 4xx too), not unreachability
-                if end == start:
-                    raise  # not even one block: the refusal is not about the range
-                self._chunk = (end - start + 1) // 2  # a node's range or answer-size cap: ask for less
-                continue
+            return with_retries(lambda: self._w3.eth.get_logs(query), "eth_getLogs", self._retry,
+                                endpoint_of(self._w3))
+
+        start = self.next_block
+        while start <= last:
+            asked = min(last, start + self._chunk - 1)
+            end, logs = read_within_cap(read, start, asked)
+            if end < asked:  # a node's range or answer-size cap: ask for less from now on
+                self._chunk = end - start + 1
             ordered = sorted(logs, key=lambda lg: (lg["blockNumber"], lg["logIndex"]))
             events = [decode_log(self._w3, log) for log in ordered]
             yield end, [e for e in events if e is not None and (kinds is None or isinstance(e, kinds))]

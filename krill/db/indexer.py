@@ -4,7 +4,11 @@ Design decisions:
 - The cursor (next block to read) lives in the database (`index_meta`), in the same transaction as
   the rows of the blocks it covers: a crash between batches loses nothing and repeats nothing, and
   a restarted indexer resumes where the last committed batch ended.
-- Only blocks at least `confirmations` deep are read, in batches of `batch_blocks`. Logs are fetched
+- Only blocks at least `confirmations` deep are read, in batches of at most `batch_blocks`. A node
+  that refuses a batch's `eth_getLogs` (public endpoints cap the block range or the logs per answer)
+  is asked for half of it, down to one block, whose refusal is raised, and the smaller batch is kept
+  (`krill.chain.events.read_within_cap`, the event stream's own): with a fixed batch such a node
+  refused every catch-up longer than its cap, on every pass, and the index never moved. Logs are fetched
   outside any transaction; the batch is then applied under the write lock (SQLite BEGIN
   IMMEDIATE; PostgreSQL SELECT ... FOR UPDATE of the cursor row) and only if the cursor still
   points at the batch's first block. Several processes may run indexers on one database: each
@@ -71,9 +75,9 @@ from functools import partial
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.exc import IntegrityError
-from web3.exceptions import BlockNotFound, Web3RPCError
+from web3.exceptions import BlockNotFound
 
-from krill.chain.events import ChainEvent, decode_log
+from krill.chain.events import LOG_REFUSALS, ChainEvent, decode_log, read_within_cap
 from krill.chain.rpc import endpoint_of, with_retries
 from krill.db.content import HEADER_LIMITS, CommitFacts, Fetched, fetch_header, fetch_manifest
 from krill.db.errors import IndexMismatchError
@@ -179,10 +183,10 @@ class Indexer:
         """`_logs` from `start` to the node's latest block, in one request. The query starts a block
         earlier, whose logs are dropped: a node may refuse a range that starts past its head (Anvil
         does), which `start` is whenever no block came since the last pass. Any answer that is not
-        logs reads as none found (the head path then runs when due)."""
+        logs reads as none found (the head path then runs when due, in batches a capped node accepts)."""
         try:
             logs = self._get_logs(max(start - 1, 0), "latest")
-        except Web3RPCError as exc:
+        except LOG_REFUSALS as exc:
             log.debug("eth_getLogs from block %d to latest refused: %s", start - 1, exc)
             return [], {}, None, {}
         return self._decoded(logs, start)
@@ -329,17 +333,25 @@ class Indexer:
         start, checked = first, False
         if start > safe and time.monotonic() - self._tip_checked_at >= TIP_CHECK_S:
             self._check_tip({})  # no new block: now and then, so a chain that went back is not left unnoticed
-        while start <= safe:
-            end = min(safe, start + self.batch_blocks - 1)
+
+        def batch(begin: int, end: int) -> tuple[str, list[ChainEvent], dict[int, int]]:
+            nonlocal checked
             end_hash, end_parent = self._block_ids(end)  # before its logs: a reorg in between shows on the next check
             if not checked:  # the tip is the parent of the first new block: its parentHash, read with it
                 checked = True
-                if self._tip is not None and self._tip[0] == start - 1:
-                    parent = end_parent if start == end else self._block_ids(start)[1]
-                    self._check_tip({start - 1: parent})
+                if self._tip is not None and self._tip[0] == begin - 1:
+                    parent = end_parent if begin == end else self._block_ids(begin)[1]
+                    self._check_tip({begin - 1: parent})
                 else:
                     self._check_tip({})
-            events, stamped, _, _ = self._logs(start, end)
+            events, stamped, _, _ = self._logs(begin, end)
+            return end_hash, events, stamped
+
+        while start <= safe:
+            asked = min(safe, start + self.batch_blocks - 1)
+            end, (end_hash, events, stamped) = read_within_cap(batch, start, asked)
+            if end < asked:  # the node caps eth_getLogs: smaller batches from now on
+                self.batch_blocks = end - start + 1
             if not self._apply(start, end, events, stamped, report, end_hash):
                 start = self._cursor  # another indexer applied this range: go on from its cursor
                 continue

@@ -278,3 +278,60 @@ def test_an_index_of_a_chain_since_restarted_is_refused(db, played):
     fresh = indexer(sc, db, store)
     fresh.rebuild()
     assert fresh.sync().events == 0 and rows(db)["index_anchor"]
+
+
+def _cap_get_logs(monkeypatch, w3, max_blocks: int, http: bool = False) -> dict:
+    """Make the node refuse an `eth_getLogs` of more than `max_blocks` blocks, as many public endpoints
+    do: with a JSON-RPC error answer (web3's `Web3RPCError`), or (`http`) a gateway's HTTP 400."""
+    import requests
+    from web3.exceptions import Web3RPCError
+
+    real, seen = w3.eth.get_logs, {"refused": 0, "ranges": []}
+
+    def capped(query):
+        start, end = query["fromBlock"], query["toBlock"]
+        end = w3.eth.block_number if end == "latest" else end
+        seen["ranges"].append(end - start + 1)
+        if end - start + 1 > max_blocks:
+            seen["refused"] += 1
+            if http:
+                response = requests.Response()
+                response.status_code = 400
+                raise requests.HTTPError("400 Client Error: block range too large", response=response)
+            raise Web3RPCError(f"{{'code': -32600, 'message': 'exceed maximum block range: {max_blocks}'}}")
+        return real(query)
+
+    monkeypatch.setattr(w3.eth, "get_logs", capped)
+    return seen
+
+
+@pytest.mark.parametrize("http", [False, True], ids=["rpc-error", "http-400"])
+def test_a_node_that_caps_the_log_range_is_asked_for_smaller_batches_and_nothing_is_missed(
+        db, played, monkeypatch, http):
+    """With a fixed batch such a node refused every catch-up longer than its cap, on every pass, forever."""
+    sc, store = played
+    ix = indexer(sc, db, store)  # batches of 500 blocks, against a cap of 8
+    assert sc.w3.eth.block_number - sc.deployment.block_number > 8  # the catch-up is longer than the cap
+    seen = _cap_get_logs(monkeypatch, ix.chain.w3, 8, http)
+    report = ix.sync()
+    assert report.next_block == sc.w3.eth.block_number + 1
+    with db.session() as s:
+        assert_index_matches_chain(s, sc)
+        assert_scenario_rows(s, sc)
+    assert seen["refused"] <= 7 and max(size for size in seen["ranges"][-3:]) <= 8  # 500 -> 250 -> ... -> 7
+    refused = seen["refused"]
+    with db.session() as s:  # move the cursor back by hand: the smaller batch is kept for later passes
+        s.execute(update(IndexMeta).values(next_block=sc.deployment.block_number))
+    ix._cursor = None
+    assert ix.sync().next_block == sc.w3.eth.block_number + 1 and seen["refused"] == refused
+
+
+def test_a_node_that_refuses_every_range_raises_its_refusal_with_the_cursor_unmoved(db, played, monkeypatch):
+    from web3.exceptions import Web3RPCError
+
+    sc, store = played
+    ix = indexer(sc, db, store)
+    seen = _cap_get_logs(monkeypatch, ix.chain.w3, 0)
+    with pytest.raises(Web3RPCError):
+        ix.sync()
+    assert ix.next_block() == sc.deployment.block_number and seen["refused"] <= 10
