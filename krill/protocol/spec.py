@@ -8,6 +8,10 @@ Design decisions:
   optimizer, staleness, payload caps) rather than copying their fields, so a part's validation
   lives in one place. On-chain parameters (quorum, slash fraction, check probability, challenge
   window, reward per version) live in `chain` and are checked against the contract's run record.
+  Their bounds are the contract's own (a quorum of at most `MAX_ATTESTATIONS`, a reward that fits a
+  uint256), so a spec create-run checks before publishing anything is one `createRun` accepts; a
+  quorum of 33 to 64 passed that check and the transaction then reverted, after the model and the
+  spec were published (no published run can name one, so the bound changes no run's meaning).
 - Floats in the spec are fine: nobody re-encodes the spec, everyone hashes the stored bytes.
 - A new run caps one worker's contributions per version at `MAX_PER_WORKER_DEFAULT`
   (`version.max_per_worker`); a spec published before the option names none and has no cap.
@@ -45,6 +49,8 @@ from krill.rl.staleness import StalenessConfig
 SPEC_FORMAT = "krill-run-spec/1"
 MAX_SPEC_BYTES = 64 * 1024
 TOKEN = 10**18
+MAX_ATTESTATIONS = 32  # the contract's: verdicts of one kind it records per commit (and the largest quorum it takes)
+UINT256_MAX = (1 << 256) - 1
 
 
 class _Part(BaseModel):
@@ -116,12 +122,13 @@ class ChainSpec(_Part):
     """On-chain run parameters (checked against the contract's record of the run)."""
 
     max_staleness: int = Field(2, ge=0, le=1000, description="S_max, enforced on commit.")
-    attestation_quorum: int = Field(1, ge=1, le=64, description="Failing attestations needed to slash.")
+    attestation_quorum: int = Field(1, ge=1, le=MAX_ATTESTATIONS, description="Failing attestations needed to slash.")
     slash_fraction_bps: int = Field(5000, ge=0, le=10_000, description="Share of stake slashed.")
     verifier_bounty_bps: int = Field(2000, ge=0, le=10_000, description="Share of a slash paid to the verifiers.")
     check_probability_ppm: int = Field(250_000, ge=1, le=1_000_000, description="Chance a verifier checks a commit.")
     challenge_window_blocks: int = Field(40, ge=1, le=1_000_000, description="Blocks during which attestations count.")
-    reward_per_version: int = Field(10 * TOKEN, ge=0, description="Tokens split among a version's contributors.")
+    reward_per_version: int = Field(10 * TOKEN, ge=0, le=UINT256_MAX,
+                                    description="Tokens split among a version's contributors.")
 
 
 class RunSpec(_Part):

@@ -121,3 +121,18 @@ def test_a_new_run_reduces_by_the_fixed_tree_and_a_published_spec_keeps_torchs(t
         assert loaded.rule.reductions == "torch" and not loaded.rule.fixed
         assert loaded.encode() == old_bytes and loaded.run_id == run_id
     assert load_spec(store, publish_spec(store, new)).rule.reductions == "fixed-tree"
+
+
+def test_chain_parameters_the_contract_refuses_are_refused_before_anything_is_published():
+    """The contract takes a quorum of at most MAX_ATTESTATIONS (32) and a uint256 reward; a spec that passed
+    with a quorum of 33 to 64 reverted `createRun` after the model and the spec were published."""
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.protocol.spec import ChainSpec
+
+    assert _spec(chain=ChainSpec(attestation_quorum=32, reward_per_version=(1 << 256) - 1)).chain.attestation_quorum == 32
+    with pytest.raises(ValidationError, match="attestation_quorum"):
+        ChainSpec(attestation_quorum=33)
+    with pytest.raises(ValidationError, match="reward_per_version"):
+        ChainSpec(reward_per_version=1 << 256)
