@@ -8,7 +8,10 @@ Design decisions:
   one read of each randomness block per pass (`PassReads`).
 - Per commit: window still open (if not: missed, unless the draw passes over it, which makes it
   `skipped` as in time: a verifier down for a while, or starting on a run under way, used to report
-  every commit of the gap as missed)? drawn for this verifier's key, by the hash of the block after
+  every commit of the gap as missed; or unless this account's attestation is on-chain, which makes
+  it attested: a verifier stopped while its attestation was on its way, a Ctrl-C during the receipt
+  wait or a crash right after it was mined, and restarted after the window closed reported it
+  missed, since only a fault this process saw had the chain asked)? drawn for this verifier's key, by the hash of the block after
   the commit (`select.drawn`)? If so: randomness sealed (seal it now) and selected on-chain by the
   sealed value? already attested by this account on-chain (a crash right after attesting)? Only
   then replay and attest. Every way out is recorded exactly once.
@@ -30,7 +33,8 @@ Design decisions:
   the check before attesting (or, the window closed meanwhile, by one before recording it as
   missed) and recorded as attested. An outage that cuts off the handling of a commit counts as its
   fault too: the pass aborts as above, and if the window closes before the chain is back, the
-  attestation it may have sent is looked for before the commit is recorded as missed. Any other error while handling one commit is a bug, recorded
+  attestation it may have sent is looked for before the commit is recorded as missed (as it is
+  for every commit this verifier had to check whose window closed: one read per such commit). Any other error while handling one commit is a bug, recorded
   as `error` for that commit, and the loop goes on, as it does past a Committed event the state
   cannot record (`state.unrecordable`: recorded as `error` and logged, the rest of its batch saved);
   losing eligibility to attest stops the loop with the contract's reason.
@@ -226,9 +230,6 @@ class VerifierLoop:
         head = reads.head()
         if not select.can_still_attest(head, job.commit_block, self.window):
             fault = self._faults.get(job.commit_id)
-            # An attestation sent before a passing fault (its receipt never came) may have landed after all.
-            if fault is not None and self._found_on_chain(job, "found on chain (sent before a passing fault)"):
-                return
             # Missed only if this verifier had to check it: one its draw passes over was not selected, whenever
             # it looked (a first start on a run under way, a restart after downtime).
             hashed = reads.block_randomness(job.commit_block)
@@ -236,6 +237,12 @@ class VerifierLoop:
                     and not select.drawn(hashed, job.commit_id, self.who.key, self.spec.chain.check_probability_ppm)):
                 self._finish(job, SKIPPED, reason=f"not selected (drawn on the hash of block {job.commit_block + 1}, "
                                                   "not sealed; its window had closed)")
+                return
+            # An attestation sent before a passing fault (its receipt never came), or by an earlier run stopped
+            # while it was on its way, may have landed in the window after all: asked whether this process saw a
+            # fault or not (the earlier run's fault died with it).
+            if self._found_on_chain(job, "found on chain (sent before a passing fault)" if fault is not None
+                                    else "found on chain (earlier run)"):
                 return
             self._finish(job, MISSED, reason="challenge window closed before a verdict"
                          + (f" (last fault: {fault})" if fault is not None else ""))

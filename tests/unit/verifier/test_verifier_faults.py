@@ -442,6 +442,28 @@ def test_a_commit_whose_window_closed_before_the_verifier_looked_is_missed_only_
     assert state.counts()[MISSED] == (status == MISSED)
 
 
+def test_an_attestation_an_earlier_run_sent_is_found_when_the_verifier_comes_back_after_the_window(tmp_path,
+                                                                                                     monkeypatch):
+    """A verifier stopped while its attestation was on its way (Ctrl-C during the receipt wait, a crash right
+    after it was mined) and restarted once the window had closed recorded the commit as missed: the chain was
+    asked only after a fault this process had seen. Its attestation is the verdict."""
+    monkeypatch.setattr(loop_module, "Replayer", FakeReplayer)
+    FakeReplayer.replays = 0
+    state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
+    state.add_jobs([Job(7, WORKER, 3, 0, b"\x05" * 32, COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
+    spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=WINDOW,
+                                                             check_probability_ppm=1_000_000))
+    chain = FakeChain()
+    chain.attestations[7] = SimpleNamespace(exists=True, ok=False)  # mined in the window, before the stop
+    chain.head = COMMIT_BLOCK + 10 * WINDOW
+    loop = VerifierLoop(chain, FakeStore(), spec, state, Who(31337, CONTRACT, ME, b"\x07" * 32, "hf"),
+                        LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    loop.step()
+    decision = state.decision(7)
+    assert (decision.status, decision.ok, decision.reason) == (ATTESTED, False, "found on chain (earlier run)")
+    assert chain.sent == 0 and state.counts()[MISSED] == 0 and FakeReplayer.replays == 0
+
+
 class TransactionFailed(ContractRevert):
     """As `krill.chain.tx` may name a mined failure no replay explains: a ContractRevert naming no error."""
 
