@@ -254,7 +254,8 @@ class CoordinatorConfig(_RoleSection):
 
     shards: Shards = Field(None, description="Shards this coordinator serves; default all.")
     eval_every: int = Field(5, ge=0, le=100_000, description="Evaluate every this many versions (0: never).")
-    max_versions: int | None = Field(None, ge=1, description="Stop after publishing this version (default: run on).")
+    max_versions: int | None = Field(None, ge=1, description=(
+        "Stop after publishing this version, once no failing quorum is left to slash or refute (default: run on)."))
     optimizer_state_every: int = Field(
         10, ge=1, le=1000,
         description="Store the AdamW states (twice the weights' bytes) at every this many versions (1: all). The "
