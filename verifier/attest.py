@@ -24,8 +24,8 @@ Design decisions:
   attestation there (an earlier try was mined first) is the verdict; a window no transaction can
   still land in is `window_closed`; otherwise it is `AttestationUnsettled`, and the retry's estimate
   names what changed (a full cap, lost eligibility) or it attests.
-- Passing faults propagate (a store that fails the evidence upload; web3's `TimeExhausted`, a
-  transaction whose receipt never came): the loop retries the commit (`loop.transient_faults`)
+- Passing faults propagate (a store that fails the evidence upload; `ReceiptTimeout`, a
+  transaction whose receipt never came; a web3 `TimeExhausted`): the loop retries the commit (`loop.transient_faults`)
   with the verdict it already has, and asks the contract first whether this verifier's
   attestation landed after all, so a retry never attests twice (and if one is sent anyway, it
   reverts with `AttestationDuplicate`, which is success above). The evidence document is the same

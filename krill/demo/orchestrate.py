@@ -434,7 +434,9 @@ class ProgressWatcher:
 def collect_summary(db_url: str, run: DemoRun) -> dict:
     """Per-worker outcomes and verification counts, from the index. "accepted" counts contributions folded
     into a published version (aggregated_version <= the run's latest); accepted ones in no published
-    version are counted apart, per worker and in "accepted_unpublished", where there are any."""
+    version are counted apart, per worker and in "accepted_unpublished", where there are any. "trust" is
+    the trust the coordinator weighed the worker's newest contribution in a published version at (none
+    before one): the index's tally of every verdict is not trust, as any staked account can raise it."""
     from sqlalchemy import func, select
 
     from krill.db.models import Contribution, ContributionStatus, Participant, Run, Slash, Verdict
@@ -454,13 +456,16 @@ def collect_summary(db_url: str, run: DemoRun) -> dict:
                     Contribution.run_id == run_id, Contribution.worker == address, *where)) or 0
 
             slashed = s.scalar(select(func.count()).select_from(Slash).where(Slash.worker == address)) or 0
+            weighed = s.scalar(select(Contribution.trust).where(
+                accepted, published, Contribution.worker == address, Contribution.trust.is_not(None))
+                .order_by(Contribution.commit_id.desc()).limit(1))
             pending = count(accepted, ~published)
             workers.append({"name": run.names[address], "address": address, "behavior": behavior,
                             "accepted": count(accepted, published),
                             **({"accepted_unpublished": pending} if pending else {}),
                             "rejected": count(Contribution.status == ContributionStatus.REJECTED),
                             "slashed": slashed, "jailed": bool(p.jailed) if p else False,
-                            "trust": round(p.trust, 4) if p else None,
+                            "trust": round(weighed, 4) if weighed is not None else None,
                             "rewards": (p.rewards_credited / TOKEN) if p else 0.0})
         unpublished = s.scalar(select(func.count()).select_from(Contribution).where(accepted, ~published)) or 0
         versions = s.scalars(select(Contribution.aggregated_version).distinct().where(

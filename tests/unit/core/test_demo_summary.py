@@ -32,3 +32,23 @@ def test_a_summary_with_everything_published_has_no_unpublished_entry(tmp_path):
     summary = collect_summary(world.url, run)
     assert summary["workers"][0]["accepted"] == 1 and "accepted_unpublished" not in summary["workers"][0]
     assert "accepted_unpublished" not in summary
+
+
+def test_trust_is_the_coordinators_newest_published_weighing_not_the_index_tally(tmp_path):
+    """The index's Beta tally over every verdict on a worker's commits can be lifted by any staked account;
+    the summary shows what the coordinator weighed in a published version, and nothing for a worker that
+    never had a contribution folded."""
+    from krill.db.models import Participant
+
+    world = fill_index_world(f"sqlite:///{tmp_path / 'krill.db'}", tmp_path)  # latest published version: 2
+    with open_database(world.url) as db, db.write() as s:
+        for commit_id, folded, trust in ((3, 2, 0.41), (4, 3, 0.9)):  # v3: journalled, never published
+            s.add(Contribution(commit_id=commit_id, run_id=RUN, worker=HONEST, version=2,
+                               status=ContributionStatus.ACCEPTED, weight=trust, staleness=0, trust=trust,
+                               aggregated_version=folded))
+        s.get(Participant, HONEST).trust_alpha = 50.0  # verdicts of verifiers the coordinator does not count
+    run = DemoRun(tmp_path, run_id=RUN, behaviors={HONEST: "honest", FORGER: "forge-rewards"},
+                  names={HONEST: "worker-0", FORGER: "worker-1"})
+    honest, forger = collect_summary(world.url, run)["workers"]
+    assert honest["trust"] == 0.41
+    assert forger["trust"] is None
