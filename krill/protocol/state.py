@@ -11,7 +11,10 @@ Design decisions:
   `masks()` reads them from there: a worker or verifier never fetches optimizer states, which are
   twice the weights' size. Who must not take the coordinator's word for them derives them from the
   momentum instead (`masks_from_momentum`: the audit, which also compares the two); version 0 and
-  a coordinator's own new version derive or preload them.
+  a coordinator's own new version derive or preload them. The blob is read up to `masks_blob_cap`:
+  its bitmaps and a safetensors header entry per tensor. A flat 64 KiB for the whole header
+  refused the honest blob of a model with some 600 tensors or more (a 64-layer Qwen2 has 771), so
+  no worker or verifier of such a run could read any version after the base.
 - Tensors and optimizer states are fetched lazily and cached per object, since a worker needs
   every shard's weights but a coordinator serving some shards needs only those.
 - Optimizer states are stored only every few versions (the coordinator's `optimizer_state_every`);
@@ -55,6 +58,14 @@ def momentum_from_state(blob: bytes) -> dict[str, torch.Tensor]:
     except (SafetensorError, ValueError) as exc:
         raise ModelError(f"optimizer state: not a valid safetensors file ({exc})") from exc
     return {key[2:]: t for key, t in tensors.items() if key.startswith("m/")}
+
+
+def masks_blob_cap(shapes: dict[str, torch.Size]) -> int:
+    """Most bytes the published masks blob of tensors `shapes` can take: every bitmap, and the safetensors
+    header's entry of each tensor (its name, JSON-escaped at worst, dtype, shape and offsets) beside
+    64 KiB for the metadata and the rest."""
+    bitmaps = sum(math.ceil(math.prod(shape) / 8) for shape in shapes.values())
+    return bitmaps + sum(6 * len(name.encode()) + 128 for name in shapes) + 64 * 1024
 
 
 def derive_masks(spec: RunSpec, version: int, shapes: dict[str, torch.Size],
@@ -208,7 +219,7 @@ class VersionState:
 
         if self.record is None:
             raise ModelError("version 0 has no published masks")
-        cap = sum(math.ceil(math.prod(shape) / 8) for shape in self.shapes().values()) + 64 * 1024  # + header
+        cap = masks_blob_cap(self.shapes())
         blob = self.store.get(self.record.masks_cid, max_bytes=cap)
         if hashlib.sha256(blob).hexdigest() != self.record.masks_sha256:
             raise ModelError(f"masks of version {self.version} do not match the record's sha256")

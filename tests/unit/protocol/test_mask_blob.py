@@ -119,3 +119,27 @@ def test_a_version_rejects_masks_that_do_not_hash_to_its_record(tiny_run):
     state = VersionState(spec, 1, base.manifest, base.manifest_cid, record, "bafkreirecord", Lying())
     with pytest.raises(ModelError, match="sha256"):
         state.masks()
+
+
+def test_a_version_reads_the_honest_masks_of_a_model_with_many_tensors(tmp_path):
+    """The read cap counted 64 KiB for the whole safetensors header (~110 bytes and the name per tensor):
+    a 64-layer Qwen2-style model's blob (768 tensors) was refused as too large by every worker and verifier."""
+    from types import SimpleNamespace
+
+    from krill.payload.limits import PayloadLimits
+    from krill.protocol.spec import RunSpec
+    from krill.protocol.state import VersionState
+    from krill.store.local import LocalStore
+
+    spec = RunSpec(name="many", base_manifest_cid="b" + "a" * 58, limits=PayloadLimits(vocab_size=16))
+    kinds = [f"self_attn.{p}_proj.weight" for p in "qkvo"] + [f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    kinds += ["input_layernorm.weight", "post_attention_layernorm.weight"] + [f"self_attn.{p}_proj.bias" for p in "qkv"]
+    params = [SimpleNamespace(name=f"model.layers.{i}.{k}", shape=[64]) for i in range(64) for k in kinds]
+    manifest = SimpleNamespace(shards=[SimpleNamespace(parameters=params)], num_shards=1)
+    shapes = {p.name: torch.Size(p.shape) for p in params}
+    masks = shared_masks(shapes, None, spec.compression, spec.run_id.hex(), 1)
+    blob = encode_masks(masks, shapes, spec.run_id.hex(), 1)
+    store = LocalStore(tmp_path)
+    record = SimpleNamespace(masks_cid=store.add(blob, pin=True), masks_sha256=hashlib.sha256(blob).hexdigest())
+    read = VersionState(spec, 1, manifest, "bafkreimanifest", record, "bafkreirecord", store).published_masks()
+    assert len(read) == 768 and all(torch.equal(read[n], masks[n]) for n in shapes)
