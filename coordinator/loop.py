@@ -10,8 +10,13 @@ Design decisions:
   pass: journalled versions are completed first (`publish.complete_version`), then work resumes.
 - Faults of the two shared channels (chain unreachable, store unreachable) end the pass and are
   retried with exponential back-off capped at `max_backoff_s`; nothing is decided while a
-  channel is down, so an outage never turns into rejections. Anything else is a bug and stops
-  the process with its traceback (the journal makes the restart safe).
+  channel is down, so an outage never turns into rejections. So are a transaction whose receipt
+  did not come in time (`ReceiptTimeout`: the node answered, blocks are slow) and a write of ours
+  the next pass finds pending (`WritePending`: the pending block holds its effect, the latest one
+  does not; see `krill.coordinator.publish`): the write lands once blocks come, and the pass after
+  that finds it on chain. The receipt timeout stopped the coordinator, and with it a run whose
+  publication landed a moment later. Anything else is a bug and stops the process with its
+  traceback (the journal makes the restart safe).
 - Slashing runs before ingest and the index is re-synced after a slash, so a worker jailed in
   this pass has its remaining contributions rejected as `jailed` in the same pass.
 - The index's content (commit headers, version manifests: what the explorer shows) is fetched in
@@ -47,6 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from krill.chain.tx import ReceiptTimeout
 from krill.coordinator.adopt import adopt_published
 from krill.coordinator.close import decide, published_at
 from krill.coordinator.evals import evaluate_version
@@ -54,7 +60,7 @@ from krill.coordinator.faults import halt_point
 from krill.coordinator.ingest import ingest
 from krill.coordinator.journal import DecisionState, ensure_tables, mark_settled, unfinished
 from krill.coordinator.metrics import VersionFigures, figures, record_metrics, status_line
-from krill.coordinator.publish import complete_version
+from krill.coordinator.publish import WritePending, complete_version
 from krill.coordinator.settle import settle_version
 from krill.coordinator.slash import pending as slashes_pending
 from krill.coordinator.slash import slash_due
@@ -62,7 +68,7 @@ from krill.errors import ChainUnavailableError, StoreUnavailableError
 from krill.phases import phase, recording
 
 log = logging.getLogger(__name__)
-FAULTS = (ChainUnavailableError, StoreUnavailableError)
+FAULTS = (ChainUnavailableError, StoreUnavailableError, ReceiptTimeout, WritePending)
 
 
 @dataclass(frozen=True)

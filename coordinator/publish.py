@@ -33,6 +33,16 @@ Design decisions:
   or replays it needs them, whether or not their workers keep them.
 - `--shards` restricts the fold to the shards this coordinator serves; the others keep their
   weights and optimizer states (their outcome is absent from the record).
+- A `publishVersion` whose receipt did not come in time (`ReceiptTimeout`) may still land. The
+  retry reads the chain's latest version at `latest`, which is still t - 1 while it is pending,
+  and sends again; that send is estimated against the pending block, where our own first
+  transaction already made t the latest, and reverts with `VersionNotNext(t, expected=t + 1)`,
+  which stopped the coordinator (although t landed once blocks came). Only the run's coordinator
+  publishes, so that revert means our publication of t is pending: it is `WritePending`, a passing
+  fault for the loop, and once t is on chain the pass takes the recovery above (the digests
+  checked against the journal's, nothing published twice). Settle and slash treat their own
+  pending writes the same way (`SettleAlreadyDone`, `SlashAlreadyDone` against a chain that says
+  not yet).
 """
 
 from __future__ import annotations
@@ -52,6 +62,12 @@ log = logging.getLogger(__name__)
 
 class CoordinatorStateError(ChainError):
     """The chain disagrees with the coordinator's journal in a way it cannot repair by itself."""
+
+
+class WritePending(ChainError):
+    """A write of this coordinator (publish, settle, slash) is pending on the chain: the pending
+    block already holds its effect while the latest block does not (an earlier send whose receipt
+    did not come in time). A passing fault: the loop waits and the next pass finds it landed."""
 
 
 @dataclass
@@ -133,6 +149,8 @@ def pin_folded(ctx, accepted: list[dict]) -> None:
 
 def complete_version(ctx, version: int) -> Published:
     """Bring journalled `version` to the chain (whatever step a crash interrupted)."""
+    from krill.chain.errors import VersionNotNext
+
     with ctx.db.session() as s:
         row = s.get(VersionDecision, (ctx.run_hex, version))
     if row is None:
@@ -160,7 +178,14 @@ def complete_version(ctx, version: int) -> Published:
     _mark(ctx, version, DecisionState.STORED, manifest_digest, record.digest, sent)
     halt_point("stored")
     with phase("publish_tx"):
-        ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
+        try:
+            ctx.chain.publish_version(ctx.run_id, version, manifest_digest, record.digest)
+        except VersionNotNext as exc:
+            if exc.named_args["expected"] != version + 1:
+                raise
+            raise WritePending(f"version {version}: its publishVersion is pending (the chain's latest block says "
+                               f"{latest}, the pending one {version}): an earlier send whose receipt did not come "
+                               "in time; waiting for it to land") from exc
     halt_point("published")
     store_states(ctx, pending)
     pin_folded(ctx, row.accepted)

@@ -13,6 +13,12 @@ Design decisions:
 - The journal row is marked settled by the loop only after the version's figures are reported
   (`journal.mark_settled`): a crash between settling and reporting leaves it published, and the
   restart reads the chain's flag (nothing paid twice) and reports it.
+- A settle whose receipt did not come in time may still land. The retry reads the flag at the
+  latest block (not settled while it is pending) and sends again, and that send is estimated against
+  the pending block, where our own first settle has set the flag: `SettleAlreadyDone`, which
+  stopped the coordinator. Only the run's coordinator settles, so it means our settle is pending:
+  `WritePending`, a passing fault (the loop waits, and the next pass reads the flag once it landed).
+  The version is not marked settled before then: a settle the node drops is sent again.
 """
 
 from __future__ import annotations
@@ -34,10 +40,24 @@ def settle_version(ctx, version: int, unsettled: bool = False) -> tuple[list[tup
         total = min(ctx.spec.chain.reward_per_version, pool)
         split = reward_split(total, row.accepted)
         if split:
-            ctx.chain.settle(ctx.run_id, version, [a for a, _ in split], [n for _, n in split])
+            send_settle(ctx, version, split)
         else:
             note = f"nothing settled (reward per version {ctx.spec.chain.reward_per_version}, pool {pool})"
     if note is not None:
         with ctx.db.write() as s:
             s.get(VersionDecision, (ctx.run_hex, version)).note = note
     return split, note
+
+
+def send_settle(ctx, version: int, split: list[tuple[str, int]]) -> None:
+    """`settle` of `version` with `split`, sent after the chain's latest block said it is not settled;
+    a `SettleAlreadyDone` from the pending block is our own earlier settle: `WritePending`."""
+    from krill.chain.errors import SettleAlreadyDone
+    from krill.coordinator.publish import WritePending
+
+    try:
+        ctx.chain.settle(ctx.run_id, version, [a for a, _ in split], [n for _, n in split])
+    except SettleAlreadyDone as exc:
+        raise WritePending(f"version {version}: its settle is pending (not settled at the latest block, settled "
+                           "in the pending one): an earlier send whose receipt did not come in time; waiting for "
+                           "it to land") from exc

@@ -3,8 +3,9 @@
 Design decisions:
 - Candidates come from the index (fail_count >= the run's quorum, not slashed), and each is
   re-read from the chain before the transaction, so an index that lags never causes a revert and
-  a restart never slashes twice. Should the contract still refuse (a race with another
-  coordinator), the revert is recorded as a skip, not a crash.
+  a restart never slashes twice. Should the contract still refuse for the quorum
+  (`SlashQuorumNotReached`), the revert is recorded as a skip, not a crash; `SlashAlreadyDone`
+  there is our own pending slash (below).
 - The slash jails the worker on-chain; the index picks up `WorkerJailed` on its next pass, and
   from then on ingest and close reject that worker's contributions as `jailed`.
 - A quorum is not proof: before the transaction the coordinator replays the commit
@@ -15,6 +16,12 @@ Design decisions:
   slashed, not refuted). The loop does not end at `max_versions` while there are any: the verdicts on
   the last version's contributions land while it is folded and published, and a loop that ended
   right after publishing left those slashes undone (the cheater kept its stake and its reward).
+- A slash whose receipt did not come in time may still land. The retry re-reads the commit at the
+  latest block (not slashed while it is pending) and sends again; that send, estimated against the
+  pending block, reverts with `SlashAlreadyDone`, which was recorded as a skip: the pass went on to
+  ingest with the worker not yet jailed on the chain nor in the index, so its other contributions
+  could be accepted and folded. Only the run's coordinator slashes, so it is our own pending slash:
+  `WritePending`, a passing fault that ends the pass before ingest (the next pass finds it landed).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def slash_due(ctx, now: float | None = None) -> list[SlashOutcome]:
     from krill.chain import errors as ce
     from krill.chain.events import Slashed
     from krill.coordinator.confirm import confirm_failure, record_refutation, refuted
+    from krill.coordinator.publish import WritePending
 
     now = time.time() if now is None else now
     quorum = ctx.spec.chain.attestation_quorum
@@ -81,7 +89,11 @@ def slash_due(ctx, now: float | None = None) -> list[SlashOutcome]:
             continue
         try:
             event = ctx.chain.slash(commit_id).event(Slashed)
-        except (ce.SlashAlreadyDone, ce.SlashQuorumNotReached) as exc:
+        except ce.SlashAlreadyDone as exc:  # not slashed at the latest block just read: ours is pending
+            raise WritePending(f"commit {commit_id}: its slash is pending (not slashed at the latest block, slashed "
+                               "in the pending one): an earlier send whose receipt did not come in time; waiting "
+                               "for it to land") from exc
+        except ce.SlashQuorumNotReached as exc:
             out.append(SlashOutcome(commit_id, worker, None, str(exc)))
             continue
         out.append(SlashOutcome(commit_id, worker, event.amount))
