@@ -90,12 +90,12 @@ def _settle(ctx, version: int, accepted: list[dict]) -> None:
     """Settle `version` from its record's accepted entries unless the chain has settled it (as
     `krill.coordinator.settle.settle_version` does from the journal's)."""
     from krill.coordinator.settle import send_settle
-    from krill.protocol.rewards import reward_split
+    from krill.protocol.rewards import version_split
 
     if ctx.chain.version_of(ctx.run_id, version).settled:
         return
     pool = ctx.chain.run_of(ctx.run_id).reward_pool
-    split = reward_split(min(ctx.spec.chain.reward_per_version, pool), accepted)
+    split = version_split(ctx.spec, version, min(ctx.spec.chain.reward_per_version, pool), accepted)
     if split:
         send_settle(ctx, version, split)  # our own settle still pending: a passing fault (krill.coordinator.settle)
 

@@ -4,10 +4,12 @@ Design decisions:
 - The amount is `spec.chain.reward_per_version` (or what is left in the run's pool, if less).
   A worker's share is the sum of the weights of its contributions in the version's record over
   the sum of all weights, computed in exact rationals from the recorded float64 weights, floored
-  to token base units; the units left by flooring go one each to the largest remainders (ties:
-  lower address). Anyone can recompute the split from the record.
+  to token base units; the units left by flooring go one each to the largest remainders. Anyone can
+  recompute the split from the record (`krill.protocol.rewards.version_split`).
 - The contract settles a version once, with at most MAX_SETTLE_BATCH (64) accounts: when more
-  workers took part, the 64 with the largest weights share the reward (ties: lower address).
+  workers took part, the 64 with the largest weights share the reward. Ties follow the run's
+  `reward.ties`: a new run's order tied accounts afresh on each version by a hash of the run id, the
+  version and the address; a run published before the option keeps lower address first.
 - Idempotent: the chain's `settled` flag is read first, so a restart never pays twice (skipped only
   right after this process published the version, when nobody can have settled it).
 - The journal row is marked settled by the loop only after the version's figures are reported
@@ -24,7 +26,7 @@ Design decisions:
 from __future__ import annotations
 
 from krill.coordinator.journal import VersionDecision
-from krill.protocol.rewards import reward_split
+from krill.protocol.rewards import version_split
 
 
 def settle_version(ctx, version: int, unsettled: bool = False) -> tuple[list[tuple[str, int]], str | None]:
@@ -38,7 +40,7 @@ def settle_version(ctx, version: int, unsettled: bool = False) -> tuple[list[tup
     if unsettled or not ctx.chain.version_of(ctx.run_id, version).settled:
         pool = ctx.chain.run_of(ctx.run_id).reward_pool
         total = min(ctx.spec.chain.reward_per_version, pool)
-        split = reward_split(total, row.accepted)
+        split = version_split(ctx.spec, version, total, row.accepted)
         if split:
             send_settle(ctx, version, split)
         else:

@@ -5,12 +5,13 @@ Design decisions:
   and the pool) and slash or not as it likes; only the rules say what it should do. So the audit
   restates the rules, one row each per audited version:
   * `settlement`: when the chain says the version is settled, its `RewardCredited` events, summed per
-    account, must be `reward_split(total, record.accepted)` (`krill.protocol.rewards`, the function
-    the coordinator settles with) of the total its `VersionSettled` event took; and that total must
-    be the rule's amount, min(reward per version, pool), for the pool the run held at some moment
-    between the version's publication and its settlement (the coordinator reads the pool after it
-    publishes, and a funding that lands between its read and its transaction must not make it look
-    dishonest). A coordinator that pays itself, or anyone the record does not weigh, fails here.
+    account, must be `version_split(spec, version, total, record.accepted)` (`krill.protocol.rewards`,
+    the function the coordinator settles with, under the run's `reward.ties`) of the total its
+    `VersionSettled` event took; and that total must be the rule's amount, min(reward per version,
+    pool), for the pool the run held at some moment between the version's publication and its
+    settlement (the coordinator reads the pool after it publishes, and a funding that lands between
+    its read and its transaction must not make it look dishonest). A coordinator that pays itself,
+    or anyone the record does not weigh, fails here.
     A version that is not settled passes while nothing is owed (no positive weight in the record, a
     reward per version of 0, or a pool that was empty at some moment since the publication: the
     rule's amount was 0 then) and while it is recent; it fails as skipped once it is overdue: once a
@@ -50,7 +51,7 @@ from krill.audit.entries import _float
 from krill.audit.refusals import judge_refusal
 from krill.audit.report import AuditReport
 from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
-from krill.protocol.rewards import reward_split
+from krill.protocol.rewards import version_split
 
 SETTLE_GRACE_VERSIONS = 2
 MAX_LISTED = 8  # accounts or commits named in one detail line
@@ -109,7 +110,8 @@ def _check_paid(source: AuditSource, version: int, info, accepted: list[dict]) -
         problems.append(f"total {total} is not min(reward per version, pool) for any pool the run held between "
                         f"the publication and the settlement (that gives {', '.join(map(str, rule))})")
     owed: dict[str, int] = {}
-    for account, amount in reward_split(total, accepted):  # the coordinator credits the record's addresses
+    # the coordinator credits the record's addresses
+    for account, amount in version_split(source.spec, version, total, accepted):
         owed[account.lower()] = owed.get(account.lower(), 0) + amount
     wrong = []
     for account in sorted(set(paid) | set(owed)):
@@ -126,7 +128,7 @@ def _check_paid(source: AuditSource, version: int, info, accepted: list[dict]) -
 
 def _check_unsettled(source: AuditSource, version: int, info, accepted: list[dict]) -> tuple[bool, str]:
     history, per_version = source.history, int(source.run.params.reward_per_version)
-    owed = reward_split(per_version, accepted)
+    owed = version_split(source.spec, version, per_version, accepted)
     if not owed:
         return True, ("not settled; nothing to settle: the reward per version is 0" if per_version <= 0 else
                       "not settled; nothing to settle: the record has no positive weight")

@@ -27,6 +27,11 @@ Design decisions:
   one of them is read over the run default, field by field, so a spec file that names only
   `[compression] dense_versions` keeps the run's 25% mask instead of silently taking the class's
   10%. A published spec names every field, so its meaning does not change.
+- Reward ties (`reward.ties`, `krill.protocol.rewards`): a new run's are `hashed` (tied accounts in
+  the 64-account cut and the remainders' units ordered afresh on each version by a hash of the run
+  id, the version and the address); a published spec that names none meant `address` (lower address
+  first, which accounts ground to low addresses win on every version), which the class default and
+  the encoding keep (an `address` table is left out), so its bytes, run id and settlements stay.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_serializer, model_validator
 
@@ -131,6 +137,23 @@ class ChainSpec(_Part):
                                     description="Tokens split among a version's contributors.")
 
 
+class RewardSpec(_Part):
+    """How a version's settlement orders accounts whose weights (or remainders) tie."""
+
+    ties: Literal["address", "hashed"] = Field(
+        "address",
+        description="`hashed`: by sha256(tag, run id, version, address), a fresh order each version (every new "
+                    "run's: `REWARD_TIES_DEFAULT`); `address`: lower address first (specs published before the "
+                    "option; left out of the encoding).")
+
+
+REWARD_TIES_DEFAULT = "hashed"
+
+
+def _reward_default() -> RewardSpec:
+    return RewardSpec(ties=REWARD_TIES_DEFAULT)
+
+
 class RunSpec(_Part):
     """The whole, immutable definition of a run."""
 
@@ -151,6 +174,7 @@ class RunSpec(_Part):
     trust: TrustSpec = Field(default_factory=TrustSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
     chain: ChainSpec = Field(default_factory=ChainSpec)
+    reward: RewardSpec = Field(default_factory=_reward_default)
     limits: PayloadLimits
     eval_n: int = Field(500, ge=1, le=100_000, description="Held-out prompts per evaluation.")
 
@@ -158,15 +182,20 @@ class RunSpec(_Part):
     @classmethod
     def _partial_tables_over_run_defaults(cls, data, info: ValidationInfo):
         """A `compression` or `optimizer` table that names some fields keeps the run default's others; a
-        clip-mix-trim `rule` table without `clip_basis`, a `rule` table without `reductions`, and a
-        `version` table without `max_per_worker`, take the run default's, except in a published spec
-        (`decode`), where their absence means what it meant when it was published (the plain median;
-        torch's reductions; no cap)."""
+        clip-mix-trim `rule` table without `clip_basis`, a `rule` table without `reductions`, a
+        `version` table without `max_per_worker`, and a missing `reward` table or one without `ties`,
+        take the run default's, except in a published spec (`decode`), where their absence means what
+        it meant when it was published (the plain median; torch's reductions; no cap; address ties)."""
         if isinstance(data, dict):
             for key in RUN_DEFAULTS:
                 if isinstance(data.get(key), dict):
                     data = {**data, key: over_run_default(key, data[key])}
-            if not (info.context or {}).get("published"):
+            if (info.context or {}).get("published"):
+                if "reward" not in data:
+                    data = {**data, "reward": RewardSpec()}
+            else:
+                if isinstance(data.get("reward"), dict) and "ties" not in data["reward"]:
+                    data = {**data, "reward": {**data["reward"], "ties": REWARD_TIES_DEFAULT}}
                 if "rule" in data:
                     data = {**data, "rule": rule_over_run_default(data["rule"])}
                 if isinstance(data.get("version"), dict) and "max_per_worker" not in data["version"]:
@@ -191,6 +220,15 @@ class RunSpec(_Part):
             raise ValueError(f"loss.temperature {self.loss.temperature:g} must equal the sampling temperature "
                              f"rollout.temperature_milli / 1000 = {sampling:g}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_address_ties(self, handler):
+        """Address ties (the only rule before the option existed) are left out of the encoding, so run specs
+        published before it keep their bytes, their run id and their settlements."""
+        data = handler(self)
+        if self.reward == RewardSpec():
+            data.pop("reward", None)
+        return data
 
     def encode(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()

@@ -173,14 +173,15 @@ class FakeChain:
 class World:
     """Version 0 of a one-shard run, and `publish` for records written by hand."""
 
-    def __init__(self, root):
+    def __init__(self, root, **spec_fields):
         self.store = LocalStore(root)
         data = shard_to_bytes({"w": torch.arange(64, dtype=torch.float32).reshape(8, 8) / 10})
         self.shard = ShardEntry(index=0, cid=self.store.add(data, pin=True), sha256=hashlib.sha256(data).hexdigest(),
                                 size=len(data), parameters=[ParameterEntry(name="w", shape=[8, 8], dtype="F32")])
         self.tokenizer = self.store.add(bundle_files({}), pin=True)
         m0, c0, d0 = self.manifest(0, None)
-        self.spec = RunSpec(name="t", base_manifest_cid=c0, num_shards=1, limits=PayloadLimits(vocab_size=100))
+        self.spec = RunSpec(name="t", base_manifest_cid=c0, num_shards=1, limits=PayloadLimits(vocab_size=100),
+                            **spec_fields)
         self.chain = FakeChain(self.spec.run_id)
         self.chain.publish(0, d0, b"\0" * 32)
         self.cids, self.records = {0: c0}, {}

@@ -61,6 +61,36 @@ def test_a_settlement_after_the_audit_read_the_events_passes(tmp_path):
     assert f"{per_version} credited to 2 accounts" in row.detail
 
 
+def test_a_settlement_breaks_ties_by_the_runs_rule(tmp_path):
+    """Equal weights (newcomers at the trust prior) tie for the remainders' units: a new run orders them by
+    a hash of the run id, the version and the address, a run published before the option by address, and
+    the audit recomputes each run's settlement under its own rule."""
+    from krill.protocol.rewards import version_split
+    from krill.protocol.spec import RewardSpec
+
+    workers = ["0x" + f"{i:02x}" * 20 for i in range(1, 8)]
+    tied = [entry(i, weight="0.25", worker=w) for i, w in enumerate(workers, 1)]
+    as_dicts = [{"worker": e.worker, "weight": e.weight} for e in tied]
+    for ties, root in (("hashed", "new"), ("address", "old")):
+        world = World(tmp_path / root, reward=RewardSpec(ties=ties))
+        world.chain.fund(10 * world.chain.params.reward_per_version)
+        per_version = world.chain.params.reward_per_version
+        assert per_version % len(workers) and world.spec.reward.ties == ties
+        by_address = reward_split(per_version, as_dicts)
+        by_hash = reward_split(per_version, as_dicts, ties="hashed", run_id=world.spec.run_id, version=1)
+        assert by_address != by_hash  # the two rules give the leftover units to other accounts here
+        assert version_split(world.spec, 1, per_version, as_dicts) == (by_hash if ties == "hashed" else by_address)
+        world.publish(1, accepted=tied)
+        world.chain.settle(1, by_hash if ties == "hashed" else by_address)
+        other = by_address if ties == "hashed" else by_hash  # the other run's rule
+        assert version_split(world.spec, 2, per_version, as_dicts) != other
+        world.publish(2, accepted=tied)
+        world.chain.settle(2, other)
+        first, second = (_row(r, "settlement") for r in audit_versions(world.source(), [1, 2]))
+        assert first.ok, (ties, first.detail)
+        assert not second.ok and "credits are not the record's split" in second.detail, (ties, second.detail)
+
+
 def test_a_coordinator_paying_itself_fails_the_settlement(tmp_path):
     world = _world(tmp_path)
     per_version = world.chain.params.reward_per_version

@@ -6,12 +6,12 @@ import pytest
 
 from krill.coordinator.close import closing_reason
 from krill.coordinator.ingest import rejection_code
-from krill.coordinator.settle import reward_split
 from krill.coordinator.trust import Standing, trust_of, weigh
 from krill.db.models import RejectionCode
 from krill.payload import errors as pe
 from krill.payload.limits import PayloadLimits
-from krill.protocol.spec import RunSpec, VersionSpec
+from krill.protocol.rewards import reward_split
+from krill.protocol.spec import RewardSpec, RunSpec, VersionSpec
 from krill.rl.staleness import StalenessConfig
 
 
@@ -41,6 +41,80 @@ def test_reward_split_keeps_the_64_heaviest_workers():
     split = reward_split(10**18, entries)
     assert len(split) == 64 and sum(n for _, n in split) == 10**18
     assert "0x" + f"{5:040x}" not in {a for a, _ in split} and "0x" + f"{6:040x}" in {a for a, _ in split}
+
+
+def _settled_by_the_coordinator(spec, version: int, accepted: list[dict], pool: int = 10**21):
+    """What `settle_version` credits for `version` of `spec`'s run with the journal row's `accepted`."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from krill.coordinator.settle import settle_version
+
+    @contextmanager
+    def session():
+        yield SimpleNamespace(get=lambda _model, _key: SimpleNamespace(accepted=accepted, note=None))
+
+    sent = []
+
+    def settle(_run, _version, accounts, amounts):
+        sent.append(list(zip(accounts, amounts, strict=True)))
+
+    chain = SimpleNamespace(version_of=lambda _run, _v: SimpleNamespace(settled=False),
+                            run_of=lambda _run: SimpleNamespace(reward_pool=pool), settle=settle)
+    ctx = SimpleNamespace(db=SimpleNamespace(session=session, write=session), chain=chain, spec=spec,
+                          run_id=spec.run_id, run_hex=spec.run_id.hex())
+    split, note = settle_version(ctx, version)
+    assert note is None and sent == [split]
+    from krill.coordinator.adopt import _settle  # a coordinator that lost its journal settles from the record
+
+    _settle(ctx, version, accepted)
+    assert sent == [split, split]
+    return dict(split)
+
+
+def test_a_new_runs_settlement_orders_tied_accounts_afresh_so_ground_low_addresses_do_not_take_every_slot():
+    """Newcomers all start at the trust prior, so their weights tie exactly. Under address ties (specs
+    published before the option) 64 accounts ground to low addresses took all 64 paid slots of every
+    version from 8 honest newcomers; a new run orders ties by a hash of the run id, the version and the
+    address, so the paid accounts change from version to version and the honest ones are paid."""
+    honest = [_entry("0x" + f"f{i:039x}", 0.25) for i in range(8)]
+    sybils = [_entry("0x" + f"{i + 1:040x}", 0.25) for i in range(64)]
+    total = 10**19
+    old = _spec(reward=RewardSpec(ties="address"))
+    assert old.reward.ties == "address"
+    paid = _settled_by_the_coordinator(old, 1, honest + sybils, pool=total)
+    assert len(paid) == 64 and not {e["worker"] for e in honest} & set(paid)  # the old rule, kept for its runs
+    new = _spec()
+    assert new.reward.ties == "hashed"
+    paid_sets = []
+    for version in range(1, 9):
+        paid = _settled_by_the_coordinator(new, version, honest + sybils, pool=total)
+        assert len(paid) == 64 and sum(paid.values()) == total
+        honest_paid = {e["worker"] for e in honest} & set(paid)
+        assert honest_paid, version
+        paid_sets.append(frozenset(paid))
+    assert len(set(paid_sets)) > 1
+    sybil_share = sum(n for v in range(1, 9) for a, n in _settled_by_the_coordinator(new, v, honest + sybils).items()
+                      if a.startswith("0x0")) / (8 * total)
+    assert sybil_share < 0.95  # 64 of 72 tied accounts: 8/9 in expectation, not all of it
+
+
+def test_a_new_runs_remainder_units_do_not_always_go_to_the_lower_address():
+    a, b, c = "0x" + "a" * 40, "0x" + "b" * 40, "0x" + "c" * 40
+    entries = [_entry(a, 0.25), _entry(b, 0.25), _entry(c, 0.25)]
+    spec = _spec()
+    winners = set()
+    for version in range(1, 13):
+        split = _settled_by_the_coordinator(spec, version, entries, pool=10)
+        assert sorted(split.values()) == [3, 3, 4]
+        winners |= {w for w, n in split.items() if n == 4}
+    assert winners != {a}
+    # the same split anyone recomputes from the spec, and hashed ties need the run id and version
+    from krill.protocol.rewards import version_split
+
+    assert version_split(spec, 3, 10, entries) == sorted(_settled_by_the_coordinator(spec, 3, entries, 10).items())
+    with pytest.raises(ValueError, match="run id"):
+        reward_split(10, entries, ties="hashed")
 
 
 def test_closing_by_count_or_deadline_with_minimum():

@@ -136,3 +136,31 @@ def test_chain_parameters_the_contract_refuses_are_refused_before_anything_is_pu
         ChainSpec(attestation_quorum=33)
     with pytest.raises(ValidationError, match="reward_per_version"):
         ChainSpec(reward_per_version=1 << 256)
+
+
+def test_a_new_run_orders_reward_ties_by_hash_and_a_published_spec_keeps_address_ties(tmp_path):
+    """Settlement ties (the 64-account cut, the remainders' units) went to the lower address, which
+    accounts ground to low addresses win on every version: a new run names `hashed`, and a spec
+    published before the option (no `reward` table) keeps its bytes, its run id and address ties, so
+    the audit recomputes its settlements as they were paid."""
+    import hashlib
+    from pathlib import Path
+
+    from krill.protocol.spec import RewardSpec
+
+    new = _spec()
+    assert new.reward.ties == "hashed" and json.loads(new.encode())["reward"] == {"ties": "hashed"}
+    table = json.loads(new.encode())
+    assert RunSpec.model_validate({**table, "reward": {}}).reward.ties == "hashed"  # a table naming no rule
+    assert RunSpec.model_validate({k: v for k, v in table.items() if k != "reward"}).reward.ties == "hashed"
+    assert RunSpec.model_validate({**table, "reward": {"ties": "address"}}).reward.ties == "address"
+    old_bytes = (Path(__file__).parent / "spec_before_reward_ties.json").read_bytes()  # encoded before the option
+    run_id = hashlib.sha256(old_bytes).digest()
+    assert run_id.hex() == "87917f366e18c4d57c06a07041eedd2894566116b3cb7f3c99c7c63f7f29237b"
+    store = LocalStore(tmp_path / "store")
+    store.put_block(old_bytes, pin=True)
+    loaded = load_spec(store, run_id)
+    assert loaded.reward.ties == "address" and loaded.encode() == old_bytes and loaded.run_id == run_id
+    assert _spec(reward=RewardSpec(ties="address")).encode() == old_bytes  # address ties are left out
+    assert load_spec(store, publish_spec(store, new)).reward.ties == "hashed"
+
