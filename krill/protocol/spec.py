@@ -32,6 +32,11 @@ Design decisions:
   id, the version and the address); a published spec that names none meant `address` (lower address
   first, which accounts ground to low addresses win on every version), which the class default and
   the encoding keep (an `address` table is left out), so its bytes, run id and settlements stay.
+- A new spec must fit its own rollout shape: payload caps that hold one honest contribution
+  (`limits.max_sequences` >= prompts x group size, `limits.max_groups` >= prompts) and a
+  `version.min_contributions` of at most `version.contributions` (the count closes a version first,
+  so a larger minimum never applies). Otherwise every honest contribution is refused, or the rule is
+  meaningless. A published spec is read as written (`decode`): create-run accepted such specs before.
 """
 
 from __future__ import annotations
@@ -219,6 +224,29 @@ class RunSpec(_Part):
         if abs(self.loss.temperature - sampling) > 1e-9:
             raise ValueError(f"loss.temperature {self.loss.temperature:g} must equal the sampling temperature "
                              f"rollout.temperature_milli / 1000 = {sampling:g}")
+        return self
+
+    @model_validator(mode="after")
+    def _caps_fit_the_rollout_shape(self, info: ValidationInfo) -> RunSpec:
+        """A new spec's caps hold one honest contribution and its minimum can apply (a published spec
+        is read as written)."""
+        if (info.context or {}).get("published"):
+            return self
+        prompts, group = self.rollout.prompts_per_contribution, self.rollout.group_size
+        wrong = []
+        if self.limits.max_sequences < prompts * group:
+            wrong.append(f"limits.max_sequences {self.limits.max_sequences} is under rollout.prompts_per_contribution "
+                         f"x rollout.group_size = {prompts * group}")
+        if self.limits.max_groups < prompts:
+            wrong.append(f"limits.max_groups {self.limits.max_groups} is under rollout.prompts_per_contribution "
+                         f"{prompts}")
+        if wrong:
+            wrong = ["; ".join(wrong) + ": every honest contribution would be refused"]
+        if self.version.min_contributions > self.version.contributions:
+            wrong.append(f"version.min_contributions {self.version.min_contributions} is over version.contributions "
+                         f"{self.version.contributions}, which close a version first: the minimum never applies")
+        if wrong:
+            raise ValueError("; ".join(wrong))
         return self
 
     @model_serializer(mode="wrap")

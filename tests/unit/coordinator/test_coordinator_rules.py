@@ -161,7 +161,11 @@ def test_build_spec_couples_the_staleness_bounds_and_sizes_the_caps(tmp_path):
     assert spec.staleness.max_staleness == spec.chain.max_staleness == 3
     assert spec.limits.vocab_size == manifest.architecture["vocab_size"]
     assert (spec.limits.max_sequences, spec.limits.max_groups) == (8, 2)
-    assert build_spec("unit", manifest, cid, 2, {"limits": {"max_sequences": 5}}).limits.max_sequences == 5
+    wider = build_spec("unit", manifest, cid, 2, {"limits": {"max_sequences": 40, "max_groups": 5}})
+    assert (wider.limits.max_sequences, wider.limits.max_groups) == (40, 5)  # caps above the 4 x 8 shape
+    with pytest.raises(ConfigError, match=r"limits.max_sequences 5 is under rollout.prompts_per_contribution x "
+                                          r"rollout.group_size = 32.*every honest contribution would be refused"):
+        build_spec("unit", manifest, cid, 2, {"limits": {"max_sequences": 5}})
     with pytest.raises(ConfigError, match="differ"):
         build_spec("unit", manifest, cid, 2, {"chain": {"max_staleness": 1}, "staleness": {"max_staleness": 2}})
     with pytest.raises(ConfigError, match="run spec"):

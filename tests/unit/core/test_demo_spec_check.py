@@ -13,7 +13,7 @@ from krill.errors import ConfigError
     {}, {"version": {"contributions": 4, "deadline_s": 10.0}, "eval_n": 20},
     {"seed": 3, "version": {"contributions": 2}, "chain": {"check_probability_ppm": 1_000_000}},
     {"compression": {"dense_versions": 2}, "rule": {"type": "trimmed-mean", "trim_fraction": 0.2},
-     "limits": {"max_sequences": 64}, "chain": {"max_staleness": 3}, "staleness": {"max_staleness": 3}},
+     "limits": {"max_sequences": 128}, "chain": {"max_staleness": 3}, "staleness": {"max_staleness": 3}},
 ])
 def test_the_demos_and_the_benchmarks_specs_pass(overrides):
     from krill.demo.orchestrate import DemoConfig, check_spec

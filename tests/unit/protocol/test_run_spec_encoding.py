@@ -164,3 +164,35 @@ def test_a_new_run_orders_reward_ties_by_hash_and_a_published_spec_keeps_address
     assert _spec(reward=RewardSpec(ties="address")).encode() == old_bytes  # address ties are left out
     assert load_spec(store, publish_spec(store, new)).reward.ties == "hashed"
 
+
+def test_a_new_spec_must_fit_its_rollout_shape_and_a_published_one_is_read_as_written(tmp_path):
+    """Caps under one honest contribution (prompts x group size sequences, prompts groups) refuse every
+    honest contribution, and a minimum over the count never applies: a new spec is refused with one line
+    naming the fields; a published spec that has them (create-run took them before) still decodes."""
+    import hashlib
+
+    import pytest
+    from pydantic import ValidationError
+
+    from krill.protocol.spec import RolloutSpec, VersionSpec
+
+    shape = RolloutSpec(prompts_per_contribution=4, group_size=4)
+    fits = RunSpec(name="enc", base_manifest_cid=CID, rollout=shape,
+                   version=VersionSpec(contributions=3, min_contributions=3),
+                   limits=PayloadLimits(vocab_size=16, max_sequences=16, max_groups=4))
+    assert fits.limits.max_sequences == 16
+    for limits, version, words in (
+            ({"max_sequences": 8}, {}, r"limits.max_sequences 8 is under rollout.prompts_per_contribution x "
+                                       r"rollout.group_size = 16: every honest contribution would be refused"),
+            ({"max_groups": 2}, {}, r"limits.max_groups 2 is under rollout.prompts_per_contribution 4"),
+            ({}, {"contributions": 2, "min_contributions": 3},
+             r"version.min_contributions 3 is over version.contributions 2")):
+        data = json.loads(fits.encode())
+        data["limits"].update(limits)
+        data["version"].update(version)
+        with pytest.raises(ValidationError, match=words):
+            RunSpec.model_validate(data)
+        published = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        store = LocalStore(tmp_path / "store")
+        store.put_block(published, pin=True)
+        assert load_spec(store, hashlib.sha256(published).digest()).encode() == published
