@@ -16,6 +16,15 @@ Design decisions:
   follow from the published model, which stand in as placeholders), so a typo fails at once, not
   after the password prompt and the model upload. Its errors are one line naming the file and each
   key as the TOML spells it (`krill.config.validation_errors`, shared with the configuration's).
+- A create-run whose `createRun` or `fundRewards` receipt did not come in time stops with
+  `ReceiptTimeout`, and the transaction may land after it. Run again with the same spec and model
+  (the same run id), `createRun` reverts `RunAlreadyExists`, which stopped every rerun: the run stood
+  on the chain unfunded, with its id unsaved, and no command funded it. So that revert resumes the
+  creation (funds the run, saves its id) when the run is this account's and has neither a reward
+  pool nor a version; while any transaction of the account is pending (the first `createRun`,
+  `approve` or `fundRewards` itself) the rerun stops with `CreationPending` and funds nothing, so a
+  pending funding is never doubled. A run that is funded, has versions or is another account's is
+  refused as before.
 """
 
 from __future__ import annotations
@@ -28,10 +37,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from krill.errors import ConfigError
+from krill.errors import ChainError, ConfigError
 
 TOKEN = 10**18
 DEFAULT_FUNDED_VERSIONS = 100
+
+
+class CreationPending(ChainError):
+    """A transaction of the creating account is pending (a create-run whose receipt did not come in time):
+    run create-run again once it is mined."""
 
 
 def saved_run_path() -> Path:
@@ -167,6 +181,7 @@ def create_run(chain, store, model_dir: str | Path, *, name: str = "krill-run", 
     """Publish `model_dir` and its spec, create the run on-chain (caller = coordinator), fund it.
 
     `source` names where `overrides` came from in errors (the spec file)."""
+    from krill.chain.errors import RunAlreadyExists
     from krill.chain.events import RunCreated
     from krill.chain.types import RunParams
     from krill.model.publish import publish_model_dir
@@ -185,9 +200,12 @@ def create_run(chain, store, model_dir: str | Path, *, name: str = "krill-run", 
                        slash_fraction_bps=c.slash_fraction_bps, verifier_bounty_bps=c.verifier_bounty_bps,
                        check_probability_ppm=c.check_probability_ppm, challenge_window_blocks=c.challenge_window_blocks,
                        reward_per_version=c.reward_per_version)
-    receipt = chain.create_run(run_id, hashlib.sha256(manifest.canonical_bytes()).digest(), params)
-    block = receipt.event(RunCreated).block_number
     amount = c.reward_per_version * DEFAULT_FUNDED_VERSIONS if fund is None else fund
+    try:
+        receipt = chain.create_run(run_id, hashlib.sha256(manifest.canonical_bytes()).digest(), params)
+        block = receipt.event(RunCreated).block_number
+    except RunAlreadyExists as exc:  # an earlier create-run of this spec: resumed if it was cut (module docstring)
+        block = _resume(chain, run_id, exc)
     if amount > 0:
         chain.approve_stake(amount)
         chain.fund_rewards(run_id, amount)
@@ -198,6 +216,22 @@ def create_run(chain, store, model_dir: str | Path, *, name: str = "krill-run", 
     return CreatedRun(run_id=run_id.hex(), name=spec.name, base_manifest_cid=manifest_cid,
                       spec_cid=digest_to_cid(run_id), num_shards=num_shards, coordinator=chain.sender.lower(),
                       funded=amount, block_number=block)
+
+
+def _resume(chain, run_id: bytes, refused: Exception) -> int:
+    """The creation block of run `run_id`, which `createRun` `refused` as existing, when it is this
+    account's run and has neither a reward pool nor a version (a create-run cut after `createRun`);
+    `CreationPending` while a transaction of the account is pending; else `refused` is raised."""
+    w3, sender = chain.w3, chain.sender
+    pending = w3.eth.get_transaction_count(sender, "pending") - w3.eth.get_transaction_count(sender, "latest")
+    run = chain.run_of(run_id)
+    if pending > 0 or not run.exists:
+        raise CreationPending(f"run {run_id.hex()}: {max(pending, 1)} transaction(s) of {sender} are pending (an "
+                              "earlier create-run whose receipt did not come in time?): run create-run again once "
+                              "they are mined") from refused
+    if run.params.coordinator.lower() != sender.lower() or run.reward_pool != 0 or run.latest_version != 0:
+        raise refused
+    return run.created_block
 
 
 def describe(created: CreatedRun) -> str:

@@ -151,3 +151,54 @@ def test_a_slash_whose_receipt_times_out_ends_the_pass_before_the_cheater_is_ing
         assert (later.status, later.reason_code) == (ContributionStatus.REJECTED, RejectionCode.JAILED)
         assert s.get(VersionDecision, (ctx.run_hex, 1)) is None
     assert not any("skipped" in line for line in lines), lines
+
+
+def test_a_create_run_cut_by_a_receipt_timeout_is_resumed_and_funded_once(coordinator_env, tiny_model_dir,
+                                                                            monkeypatch):
+    """A rerun of a create-run whose createRun receipt timed out met RunAlreadyExists for good: the run stood
+    unfunded, and no command funded it. Resumed now, and a pending funding is never sent twice."""
+    from conftest import SMALL_SPEC, TOKEN
+
+    from krill.chain.errors import RunAlreadyExists
+    from krill.chain.tx import ReceiptTimeout
+    from krill.coordinator.create_run import CreationPending, create_run
+
+    env = coordinator_env()
+
+    def create(name: str):
+        return create_run(env.chain, env.store, tiny_model_dir, name=name, num_shards=2, overrides=SMALL_SPEC,
+                          fund=3 * TOKEN, save=False)
+
+    _stop_blocks(env)  # createRun is not mined in time
+    try:
+        with pytest.raises(ReceiptTimeout):
+            create("cut-at-create")
+        with pytest.raises(CreationPending):
+            create("cut-at-create")  # still pending: nothing is sent
+    finally:
+        _resume_blocks(env)
+    created = create("cut-at-create")
+    run_id = bytes.fromhex(created.run_id)
+    assert env.chain.run_of(run_id).reward_pool == 3 * TOKEN and created.funded == 3 * TOKEN
+    assert created.block_number == env.chain.run_of(run_id).created_block
+    with pytest.raises(RunAlreadyExists):
+        create("cut-at-create")  # funded: refused as before
+
+    fund_rewards = env.chain.fund_rewards
+
+    def fund_late(*args):
+        _stop_blocks(env)
+        return fund_rewards(*args)
+
+    monkeypatch.setattr(env.chain, "fund_rewards", fund_late)
+    try:
+        with pytest.raises(ReceiptTimeout):
+            create("cut-at-fund")
+        monkeypatch.setattr(env.chain, "fund_rewards", fund_rewards)
+        with pytest.raises(CreationPending):
+            create("cut-at-fund")  # the funding is pending: not sent again
+    finally:
+        _resume_blocks(env)
+    with pytest.raises(RunAlreadyExists) as refused:
+        create("cut-at-fund")  # the first funding landed: nothing more
+    assert env.chain.run_of(refused.value.named_args["run_id"]).reward_pool == 3 * TOKEN
