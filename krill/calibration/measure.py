@@ -115,7 +115,7 @@ class _SpecRun:
     def __init__(self, store, manifest, manifest_cid: str, plan: Plan, task_name: str, batch: int, codec: str):
         from krill.payload.limits import PayloadLimits
         from krill.protocol.policy import load_tokenizer
-        from krill.protocol.spec import RolloutSpec, RunSpec, VersionSpec
+        from krill.protocol.spec import RewardSpec, RolloutSpec, RunSpec, VersionSpec
         from krill.protocol.state import load_version
         from krill.rl.compression import CompressionConfig
         from krill.rl.tasks import get_task
@@ -128,6 +128,8 @@ class _SpecRun:
                             # no coordinator closes versions here: the class default, so the spec (its run
                             # id, hence every seed) does not move with a new run's version defaults
                             version=VersionSpec(),
+                            # nothing is settled here: the class default for the same reason
+                            reward=RewardSpec(),
                             limits=PayloadLimits(vocab_size=int(manifest.architecture["vocab_size"])))
         self.states = {0: load_version(store, self.spec, 0, hashlib.sha256(manifest.canonical_bytes()).digest(), None)}
         self.producer, self.replayer = _Side(), _Side()
