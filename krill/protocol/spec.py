@@ -37,6 +37,9 @@ Design decisions:
   `version.min_contributions` of at most `version.contributions` (the count closes a version first,
   so a larger minimum never applies). Otherwise every honest contribution is refused, or the rule is
   meaningless. A published spec is read as written (`decode`): create-run accepted such specs before.
+  The check of a spec file before the model is published (`draft_with_placeholders`) stands in for
+  the two caps create-run derives from the shape when the file sets none, so a shape over the class
+  default (4096 sequences: 64 prompts of 128) is not refused for a cap create-run would not have set.
 """
 
 from __future__ import annotations
@@ -313,11 +316,25 @@ PLACEHOLDER_CID = "b" + "a" * 58
 PLACEHOLDER_LIMITS = {"vocab_size": 1}
 
 
+def shape_caps(rollout) -> dict[str, int]:
+    """The payload caps a rollout table's shape needs (`max_sequences`: prompts x group size,
+    `max_groups`: prompts), as create-run sets them where the spec sets none; {} for a table that does
+    not validate (its own errors are reported by the spec's validation)."""
+    try:
+        shape = RolloutSpec.model_validate(rollout if rollout is not None else {})
+    except ValueError:
+        return {}
+    return {"max_sequences": shape.prompts_per_contribution * shape.group_size,
+            "max_groups": shape.prompts_per_contribution}
+
+
 def draft_with_placeholders(data: dict) -> dict:
-    """A spec's tables with the base model's CID and vocabulary standing in, ready to validate."""
+    """A spec's tables with the base model's CID and vocabulary standing in, and the caps create-run
+    derives from the rollout shape where the spec sets none (`shape_caps`), ready to validate."""
     limits = data.get("limits", {})
     return {**data, "base_manifest_cid": PLACEHOLDER_CID,
-            "limits": {**PLACEHOLDER_LIMITS, **limits} if isinstance(limits, dict) else limits}
+            "limits": ({**PLACEHOLDER_LIMITS, **shape_caps(data.get("rollout")), **limits}
+                       if isinstance(limits, dict) else limits)}
 
 
 def staleness_clash(data: dict) -> str | None:

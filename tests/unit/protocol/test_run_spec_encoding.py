@@ -196,3 +196,24 @@ def test_a_new_spec_must_fit_its_rollout_shape_and_a_published_one_is_read_as_wr
         store = LocalStore(tmp_path / "store")
         store.put_block(published, pin=True)
         assert load_spec(store, hashlib.sha256(published).digest()).encode() == published
+
+
+def test_a_spec_file_with_a_large_shape_and_no_caps_passes_the_checks_before_publishing():
+    """create-run derives max_sequences and max_groups from the rollout shape when the file sets none, so
+    the checks run before the model is published (create-run's and the demo's) must not hold the shape
+    against the class default caps (4096 sequences): 64 prompts x 128 was refused there. A cap the file
+    does set is still checked against its shape."""
+    import pytest
+
+    from krill.coordinator.create_run import check_spec
+    from krill.demo.orchestrate import DemoConfig
+    from krill.demo.orchestrate import check_spec as check_demo_spec
+    from krill.errors import ConfigError
+
+    large = {"rollout": {"prompts_per_contribution": 64, "group_size": 128}}
+    assert check_spec(large).limits.max_sequences == 64 * 128
+    check_demo_spec(DemoConfig(spec_overrides=large))
+    with pytest.raises(ConfigError, match=r"limits.max_sequences 4096 is under"):
+        check_spec({**large, "limits": {"max_sequences": 4096}})
+    with pytest.raises(ConfigError, match=r"rollout"):  # a rollout table that does not validate is named
+        check_spec({"rollout": {"group_size": 1}})
