@@ -25,6 +25,10 @@ Design decisions:
   `approve` or `fundRewards` itself) the rerun stops with `CreationPending` and funds nothing, so a
   pending funding is never doubled. A run that is funded, has versions or is another account's is
   refused as before.
+- The run id is saved as soon as the run is on the chain (created or resumed), before the funding:
+  a create-run cut while its `fundRewards` was pending left the id of the run before it in `run-id`
+  (which `krill coordinator run` serves), and the rerun, refused once the funding landed, saved
+  nothing either, so no command named the run just created and funded.
 """
 
 from __future__ import annotations
@@ -206,13 +210,13 @@ def create_run(chain, store, model_dir: str | Path, *, name: str = "krill-run", 
         block = receipt.event(RunCreated).block_number
     except RunAlreadyExists as exc:  # an earlier create-run of this spec: resumed if it was cut (module docstring)
         block = _resume(chain, run_id, exc)
-    if amount > 0:
-        chain.approve_stake(amount)
-        chain.fund_rewards(run_id, amount)
-    if save:
+    if save:  # before the funding, which may be cut (module docstring)
         path = saved_run_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(run_id.hex() + "\n")
+    if amount > 0:
+        chain.approve_stake(amount)
+        chain.fund_rewards(run_id, amount)
     return CreatedRun(run_id=run_id.hex(), name=spec.name, base_manifest_cid=manifest_cid,
                       spec_cid=digest_to_cid(run_id), num_shards=num_shards, coordinator=chain.sender.lower(),
                       funded=amount, block_number=block)

@@ -202,3 +202,42 @@ def test_a_create_run_cut_by_a_receipt_timeout_is_resumed_and_funded_once(coordi
     with pytest.raises(RunAlreadyExists) as refused:
         create("cut-at-fund")  # the first funding landed: nothing more
     assert env.chain.run_of(refused.value.named_args["run_id"]).reward_pool == 3 * TOKEN
+
+
+def test_a_create_run_cut_while_its_funding_is_pending_has_saved_the_new_run_id(coordinator_env, tiny_model_dir,
+                                                                                  monkeypatch):
+    """The id was saved only after the funding: cut there (and the rerun refused once the funding landed), the
+    run id file kept the run before it, which `krill coordinator run` then served."""
+    from conftest import SMALL_SPEC, TOKEN
+
+    from krill.chain.errors import RunAlreadyExists
+    from krill.chain.tx import ReceiptTimeout
+    from krill.coordinator.create_run import create_run, saved_run_id, saved_run_path
+
+    env = coordinator_env()
+    monkeypatch.setenv("KRILL_HOME", str(env.root))
+    saved_run_path().parent.mkdir(parents=True, exist_ok=True)
+    saved_run_path().write_text("ab" * 32 + "\n")  # the run created before this one
+    fund_rewards = env.chain.fund_rewards
+
+    def fund_late(*args):
+        _stop_blocks(env)
+        return fund_rewards(*args)
+
+    def create():
+        return create_run(env.chain, env.store, tiny_model_dir, name="cut-at-fund-saved", num_shards=2,
+                          overrides=SMALL_SPEC, fund=2 * TOKEN)
+
+    monkeypatch.setattr(env.chain, "fund_rewards", fund_late)
+    try:
+        with pytest.raises(ReceiptTimeout):
+            create()
+    finally:
+        _resume_blocks(env)
+    run_id = bytes.fromhex(saved_run_id())
+    assert run_id != bytes.fromhex("ab" * 32)
+    assert env.chain.run_of(run_id).reward_pool == 2 * TOKEN and env.chain.run_of(run_id).created_block > 0
+    monkeypatch.setattr(env.chain, "fund_rewards", fund_rewards)
+    with pytest.raises(RunAlreadyExists):
+        create()  # funded: refused as before, and nothing more is sent
+    assert env.chain.run_of(run_id).reward_pool == 2 * TOKEN and saved_run_id() == run_id.hex()
