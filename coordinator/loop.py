@@ -15,8 +15,14 @@ Design decisions:
   the next pass finds pending (`WritePending`: the pending block holds its effect, the latest one
   does not; see `krill.coordinator.publish`): the write lands once blocks come, and the pass after
   that finds it on chain. The receipt timeout stopped the coordinator, and with it a run whose
-  publication landed a moment later. Anything else is a bug and stops the process with its
-  traceback (the journal makes the restart safe).
+  publication landed a moment later. So is a write that ran out of gas twice
+  (`TransactionOutOfGas`: the transactor already sent it once more on a new estimate): it changed
+  nothing but its fee, and the next pass estimates it again. A slash loops over the commit's
+  failing verifiers and any staked account may attest failing while the window is open, so
+  verdicts sent ahead of it (a higher tip) outgrow its estimate; twice stopped the coordinator. The
+  contract's cap on failing verdicts per commit bounds how often that can be done to one slash.
+  Anything else is a bug and stops the process with its traceback (the journal makes the restart
+  safe).
 - Slashing runs before ingest and the index is re-synced after a slash, so a worker jailed in
   this pass has its remaining contributions rejected as `jailed` in the same pass.
 - The index's content (commit headers, version manifests: what the explorer shows) is fetched in
@@ -52,7 +58,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from krill.chain.tx import ReceiptTimeout
+from krill.chain.tx import ReceiptTimeout, TransactionOutOfGas
 from krill.coordinator.adopt import adopt_published
 from krill.coordinator.close import decide, published_at
 from krill.coordinator.evals import evaluate_version
@@ -68,7 +74,7 @@ from krill.errors import ChainUnavailableError, StoreUnavailableError
 from krill.phases import phase, recording
 
 log = logging.getLogger(__name__)
-FAULTS = (ChainUnavailableError, StoreUnavailableError, ReceiptTimeout, WritePending)
+FAULTS = (ChainUnavailableError, StoreUnavailableError, ReceiptTimeout, WritePending, TransactionOutOfGas)
 
 
 @dataclass(frozen=True)

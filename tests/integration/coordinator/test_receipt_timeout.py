@@ -1,6 +1,8 @@
 """Coordinator writes whose receipt does not come in time (Anvil with automine off, a tiny receipt
 timeout): the loop waits instead of stopping, the retry recognises its own pending transaction
-(publishVersion, settle, slash) as `WritePending`, and once blocks come the write counts once."""
+(publishVersion, settle, slash) as `WritePending`, and once blocks come the write counts once. A write that
+ran out of gas twice (`TransactionOutOfGas`) is a passing fault too; a create-run cut by a receipt timeout is
+resumed, its id saved."""
 
 from __future__ import annotations
 
@@ -241,3 +243,51 @@ def test_a_create_run_cut_while_its_funding_is_pending_has_saved_the_new_run_id(
     with pytest.raises(RunAlreadyExists):
         create()  # funded: refused as before, and nothing more is sent
     assert env.chain.run_of(run_id).reward_pool == 2 * TOKEN and saved_run_id() == run_id.hex()
+
+
+def test_a_slash_out_of_gas_twice_waits_for_a_later_pass_instead_of_stopping_the_loop(coordinator_env, monkeypatch):
+    """A slash loops over the commit's failing verifiers, and any staked account may attest failing until the
+    window closes: failing verdicts sent ahead of the slash (a higher tip) outgrow its estimate. The transactor
+    sends it once more; out of gas again, `TransactionOutOfGas` (no effect but its fee) stopped the loop."""
+    from krill.chain.tx import TransactionOutOfGas
+    from krill.coordinator.loop import Coordinator, LoopOptions
+
+    env = coordinator_env()
+    (cheat, w_cheat), (verifier, _) = env.stake(2), env.stake(10)
+    header, files = env.produce(w_cheat, nonce=0, forge_rewards=True)
+    env.upload(header, files)
+    bad = env.commit(cheat, header)
+    env.chain.as_account(verifier).attest(bad, False, hashlib.sha256(b"rewards differ").digest())
+    ctx, indexer = env.context()
+    tx, starved = ctx.chain._tx, []
+    estimate = tx._gas_limit
+
+    def outgrown(probe, what):  # the first two sends of the slash: the state grew past their estimate
+        if what == "slash" and len(starved) < 2:
+            starved.append(what)
+            return 60_000
+        return estimate(probe, what)
+
+    monkeypatch.setattr(tx, "_gas_limit", outgrown)
+    lines: list[str] = []
+    coordinator = Coordinator(ctx, indexer, LoopOptions(poll_interval_s=0.1, eval_every=0, max_backoff_s=0.2),
+                              echo=lines.append)
+    stop, outcome = threading.Event(), {}
+
+    def run() -> None:
+        try:
+            coordinator.run(stop)
+            outcome["ended"] = None
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            outcome["ended"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: env.chain.commit_of(bad).slashed or not thread.is_alive(), 60, "the slash to land")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert outcome.get("ended") is None, outcome
+    assert len(starved) == 2 and env.chain.commit_of(bad).slashed and env.chain.stake_of(cheat.address).jailed
+    assert any(line.startswith("waiting") and TransactionOutOfGas.__name__ in line for line in lines), lines
