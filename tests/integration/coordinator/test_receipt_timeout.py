@@ -10,7 +10,7 @@ import hashlib
 import threading
 
 import pytest
-from conftest import wait_for
+from conftest import SMALL_SPEC, TOKEN, wait_for  # at import: later, 'conftest' is whichever ran last
 
 RECEIPT_TIMEOUT_S = 0.3
 
@@ -159,7 +159,6 @@ def test_a_create_run_cut_by_a_receipt_timeout_is_resumed_and_funded_once(coordi
                                                                             monkeypatch):
     """A rerun of a create-run whose createRun receipt timed out met RunAlreadyExists for good: the run stood
     unfunded, and no command funded it. Resumed now, and a pending funding is never sent twice."""
-    from conftest import SMALL_SPEC, TOKEN
 
     from krill.chain.errors import RunAlreadyExists
     from krill.chain.tx import ReceiptTimeout
@@ -210,7 +209,6 @@ def test_a_create_run_cut_while_its_funding_is_pending_has_saved_the_new_run_id(
                                                                                   monkeypatch):
     """The id was saved only after the funding: cut there (and the rerun refused once the funding landed), the
     run id file kept the run before it, which `krill coordinator run` then served."""
-    from conftest import SMALL_SPEC, TOKEN
 
     from krill.chain.errors import RunAlreadyExists
     from krill.chain.tx import ReceiptTimeout
