@@ -19,7 +19,7 @@ Design decisions:
   The version the run last published is always looked at (also with S_max = 0), since that is the
   one such a stop leaves unsettled.
 - A journal with every version of the window (the normal start) costs one query and no read.
-- The index is asked for the named commits `IN_CHUNK` ids at a time: with S_max up to 1000 the records
+- The index is asked for the named commits `IN_CHUNK` ids at a time (`krill.db.session.in_chunks`): with S_max up to 1000 the records
   of the window can name 300 000 commits, and PostgreSQL refuses a statement with more than 65 535
   bind parameters, so a coordinator on a new PostgreSQL database could not start.
 - A record the store cannot give stops the coordinator (`CoordinatorStateError`): folding without
@@ -32,9 +32,8 @@ from sqlalchemy import select
 
 from krill.coordinator.journal import VersionDecision
 from krill.db.models import Commit, Contribution, ContributionStatus, RejectionCode
+from krill.db.session import in_chunks
 from krill.errors import ContentNotFoundError, PayloadError
-
-IN_CHUNK = 10_000  # ids per IN (...) query: well under PostgreSQL's 65 535 bind parameters (SQLite's 32 766)
 
 
 def adopt_published(ctx, latest: int) -> list[int]:
@@ -64,9 +63,9 @@ def adopt_published(ctx, latest: int) -> list[int]:
     named = [e.commit_id for r in records.values() for e in (*r.accepted, *r.rejected)]
     with ctx.db.write() as s:
         versions = {}
-        for i in range(0, len(named), IN_CHUNK):
+        for part in in_chunks(named):
             versions.update(s.execute(select(Commit.commit_id, Commit.version)
-                                      .where(Commit.commit_id.in_(named[i:i + IN_CHUNK]))).all())
+                                      .where(Commit.commit_id.in_(part))).all())
         for v, record in sorted(records.items()):
             for e in record.accepted:
                 row = _row(s, ctx.run_hex, e.commit_id, e.worker, e.model_version)

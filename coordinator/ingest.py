@@ -35,8 +35,8 @@ Design decisions:
   for those (DESIGN §5), and the trust weight and the slash answer a failure.
 - Staleness, jail and the trust floor are re-checked when a version closes (trust changes with
   verdicts), but a commit already too stale for the next version is rejected here at once.
-- The commit times of the undecided commits are read `IN_CHUNK` ids at a time (as `adopt` reads
-  the index): a coordinator on a new database of a run with more than 65 535 commits bound every
+- The commit times of the undecided commits are read `IN_CHUNK` ids at a time (`krill.db.session.in_chunks`,
+  as `adopt` reads the index): a coordinator on a new database of a run with more than 65 535 commits bound every
   id in one IN (...), which PostgreSQL refuses, so every pass failed.
 """
 
@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import func, or_, select
 
-from krill.coordinator.adopt import IN_CHUNK
 from krill.coordinator.faults import halt_point
 from krill.db.models import (
     ChainEventRow,
@@ -58,6 +57,7 @@ from krill.db.models import (
     Participant,
     RejectionCode,
 )
+from krill.db.session import in_chunks
 from krill.errors import ContentNotFoundError, IntegrityError, PayloadError, StoreError, StoreUnavailableError
 from krill.payload import errors as pe
 from krill.phases import phase
@@ -343,16 +343,16 @@ def undecided_commits(ctx) -> list[CommitView]:
             .order_by(Commit.commit_id)).all()
         ids = [r.commit_id for r in rows]
         times = {}
-        for i in range(0, len(ids), IN_CHUNK):  # PostgreSQL refuses more than 65 535 bind parameters
+        for part in in_chunks(ids):  # PostgreSQL refuses more than 65 535 bind parameters
             times.update(s.execute(select(ChainEventRow.commit_id, ChainEventRow.block_time)
                                    .where(ChainEventRow.kind == "Committed",
-                                          ChainEventRow.commit_id.in_(ids[i:i + IN_CHUNK]))).all())
+                                          ChainEventRow.commit_id.in_(part))).all())
         first = {}
         workers = sorted({r.worker for r in rows})
-        for i in range(0, len(workers), IN_CHUNK):
+        for part in in_chunks(workers):
             first.update({(w, int(n)): c for w, n, c in s.execute(
                 select(Commit.worker, Commit.nonce, func.min(Commit.commit_id))
-                .where(Commit.run_id == ctx.run_hex, Commit.worker.in_(workers[i:i + IN_CHUNK]))
+                .where(Commit.run_id == ctx.run_hex, Commit.worker.in_(part))
                 .group_by(Commit.worker, Commit.nonce)).all()})
     return [CommitView(r.commit_id, r.worker, int(r.version), r.header_digest, r.worker_key, times.get(r.commit_id),
                        bool(r.jailed), int(r.nonce), first.get((r.worker, int(r.nonce)))) for r in rows]

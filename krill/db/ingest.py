@@ -40,6 +40,7 @@ from krill.db.models import (
     Verdict,
     Version,
 )
+from krill.db.session import in_chunks
 from krill.db.types import address, hex32, tx_hash
 from krill.store.cid import digest_to_cid
 
@@ -256,9 +257,8 @@ def known_events(s: Session, events: list[ev.ChainEvent]) -> set[tuple[str, int]
     `KNOWN_CHUNK` transactions, for `apply_event`."""
     hashes = sorted({tx_hash(e.transaction_hash) for e in events})
     known: set[tuple[str, int]] = set()
-    for i in range(0, len(hashes), KNOWN_CHUNK):
-        query = select(ChainEventRow.tx_hash, ChainEventRow.log_index).where(
-            ChainEventRow.tx_hash.in_(hashes[i:i + KNOWN_CHUNK]))
+    for part in in_chunks(hashes, KNOWN_CHUNK):
+        query = select(ChainEventRow.tx_hash, ChainEventRow.log_index).where(ChainEventRow.tx_hash.in_(part))
         known.update((h, int(n)) for h, n in s.execute(query))
     return known
 

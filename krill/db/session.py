@@ -16,12 +16,14 @@ Design decisions:
 - Table creation runs under a lock (SQLite's write lock, PostgreSQL's advisory lock), so processes
   that open a fresh database at the same moment do not race on CREATE TABLE; a role creating its
   own tables takes the same lock (`Database.schema_lock`).
+- A query over an unbounded list of keys binds them `IN_CHUNK` at a time (`in_chunks`): PostgreSQL
+  refuses more than 65 535 bind parameters in one statement (SQLite 32 766).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,14 @@ from krill.db.models import INDEX_TABLES, STATE_TABLES, IndexBase, SchemaVersion
 SCHEMA_VERSIONS = {"index": 1, "state": 1}
 SQLITE_BUSY_TIMEOUT_S = 30.0
 _PG_LOCK_KEY = 0x6B72696C6C  # "krill": advisory lock of schema changes
+
+IN_CHUNK = 10_000  # keys per IN (...) query: well under PostgreSQL's 65 535 bind parameters (SQLite's 32 766)
+
+
+def in_chunks(keys: Sequence, size: int = IN_CHUNK) -> Iterator[Sequence]:
+    """`keys` in consecutive slices of at most `size`, one IN (...) query each."""
+    for i in range(0, len(keys), size):
+        yield keys[i:i + size]
 
 
 def make_engine(url: str, echo: bool = False) -> Engine:
