@@ -20,7 +20,8 @@ Design decisions:
 - Each commit's block and worker are kept (`commits`): whether every commit was named in some record
   in time (`krill.audit.coverage`) follows from them. So is each `WorkerJailed` (the first per worker,
   whatever the run: a stake is jailed for good, across runs), which a rejection as `jailed` must
-  follow.
+  follow. Where each `Committed` is (`committed_at`) places the commit among the unbonding period's
+  changes, which a slash's deadline follows (`krill.audit.ledger.judge_slash`).
 - Each verdict on a commit of the run is kept with its commit and verifier, and each account's first
   `Staked` block since the run's creation (not its key's first where it staked before the run and
   topped up or re-staked since: `AuditSource.staked_before_run` reads those): trust counts only the
@@ -50,6 +51,7 @@ class RunHistory:
     verdicts: dict[str, list[tuple[int, bool, int, str]]] = field(default_factory=lambda: defaultdict(list))
     staked: dict[str, int] = field(default_factory=dict)  # account -> block of its first Staked event in the run
     commits: dict[int, tuple[int, str]] = field(default_factory=dict)  # commit id of the run -> (block, worker)
+    committed_at: dict[int, Point] = field(default_factory=dict)  # commit id of the run -> where its Committed is
     jailed: dict[str, int] = field(default_factory=dict)  # worker -> block of its WorkerJailed event
 
     @classmethod
@@ -73,6 +75,7 @@ class RunHistory:
             where = (event.block_number, event.log_index)
             if isinstance(event, Committed) and event.run_id == run_id:
                 commits[event.commit_id] = (event.block_number, event.worker.lower())
+                history.committed_at[event.commit_id] = where
                 key = (event.worker.lower(), int(event.nonce))
                 history.first_commits[key] = min(history.first_commits.get(key, event.commit_id), event.commit_id)
             elif isinstance(event, Attested):

@@ -32,9 +32,11 @@ Design decisions:
     passes listing the declined commits whose replay passes. A due commit that is slashed is
     judged too (`judge_slash`): the slash must land before the stake behind the commit could leave
     (a coordinator shielding its worker could otherwise wait for the withdrawal, then slash
-    nothing), and when the audit's replay passes every check, some failing verdict's evidence must
-    say the content was unavailable (else honest work was slashed on a false quorum, which
-    one staked verifier and the coordinator could otherwise do to any worker).
+    nothing), counted with the unbonding periods in force from the commit to the slash, not today's
+    (the contract fixes a release block with the period in force when it computes it), and when the
+    audit's replay passes every check, some failing verdict's evidence must say the content was
+    unavailable (else honest work was slashed on a false quorum, which one staked verifier and the
+    coordinator could otherwise do to any worker).
 - The run's parameters (quorum, challenge window, reward per version) are the chain's, which the
   contract enforces. Events come from one scan (`AuditSource.history`), read again when the version's
   view (read fresh) says settled and the scan holds no settlement of it: on a live run a coordinator
@@ -197,19 +199,44 @@ def check_slashing(source: AuditSource, version: int) -> tuple[bool, str]:
 def judge_slash(source: AuditSource, commit_id: int, window: int) -> str | None:
     """Why the slash of `commit_id` (due, slashed) fails the audit, or None when it stands.
 
-    It must land before the stake behind the commit could leave: the contract releases a worker's
-    unbonding stake `unbondingBlocks` after its latest commit's window closes at the earliest, and a
-    slash after that may take nothing (the coordinator shielding its worker by waiting). And it must
-    have grounds: the audit replays the commit as for a declined slash (`judge_refusal`); when the
-    replay passes every check, the only ground an honest coordinator has is content that stayed
-    unavailable, so some failing verdict's evidence must say `unavailable` (the audit cannot see when
-    content appeared: a worker slashed for withholding may upload it afterwards)."""
+    It must land before the stake behind the commit could leave, and a slash after that may take
+    nothing (the coordinator shielding its worker by waiting). The earliest block it could leave
+    follows from the contract's rules, with E = commit block + `window` (the window's close) and U(p)
+    the unbonding period in force at point p (the admin may change it at any time, and the view gives
+    only today's, so the periods come from the `UnbondingBlocksSet` events, `AuditSource.unbonding_in_force`):
+    withdraw pays out only from the worker's release block R on, and after the commit every write of R
+    is one of
+    * requestUnstake at p: R = max(block of p, windowEnd) + U(p), and windowEnd (the latest close of
+      any of the worker's commits, a running maximum) >= E from the commit on;
+    * the commit itself, when stake is unbonding: R becomes at least E + U(commit); and a later commit
+      of the worker, which only ever raises R (`ReleaseDelayed`).
+    A request before the commit leaves R below E + U(commit) only when nothing is unbonding at the
+    commit, and then nothing can leave before a new request. So stake withdrawn at block b >= the
+    commit's has b >= max(block of p, E) + U(p) for some point p from the commit to b, and a request
+    right after the commit, or right after a change of the period, reaches it. The stake could leave
+    from min over the periods u in force from the commit to the slash of max(first block u was in
+    force there, E) + u: E + the smallest period in force by the window's close, or a shorter period
+    set later counted from the block it was set. (Today's period was right only while it never
+    changed: raised after an unstake request it excused a slash after the withdrawal, lowered after
+    the slash it failed one in time.)
+
+    And it must have grounds: the audit replays the commit as for a declined slash (`judge_refusal`);
+    when the replay passes every check, the only ground an honest coordinator has is content that
+    stayed unavailable, so some failing verdict's evidence must say `unavailable` (the audit cannot
+    see when content appeared: a worker slashed for withholding may upload it afterwards)."""
     commit = source.commit(commit_id)
     event = source.history.slashes.get(commit_id)
     if event is not None:
-        leave = int(commit.commit_block) + window + int(source.chain.unbonding_blocks())
-        if int(event.block_number) >= leave:
-            return (f"commit {commit_id} was slashed at block {event.block_number}, when the stake behind it could "
+        block, close = int(event.block_number), int(commit.commit_block) + window
+        periods = source.unbonding_in_force(source.history.committed_at.get(commit_id, (int(commit.commit_block), 0)),
+                                            (block, int(event.log_index)))
+        if periods is None:
+            return (f"commit {commit_id} was slashed at block {block}, and the audit cannot tell whether in time: no "
+                    f"UnbondingBlocksSet event from block {source.from_block} (the protocol's deployment block, as "
+                    f"configured) up to its commit tells the unbonding period then")
+        leave = min(max(first, close) + blocks for first, blocks in periods)
+        if block >= leave:
+            return (f"commit {commit_id} was slashed at block {block}, when the stake behind it could "
                     f"already have left (from block {leave}); the slash took {event.amount}")
     judged = judge_refusal(source, commit_id)
     if judged.justified is not True:

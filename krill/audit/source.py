@@ -32,13 +32,19 @@ Design decisions:
   deployment block) and an account staked there counts. (Taking the run's first `Staked` as the key's
   failed an honest record: a verifier staked before the run that topped up its stake during it had
   its earlier verdicts uncounted, so a worker's trust from them read as unreachable.)
+- The unbonding period's history (`unbonding_periods`) comes from the contract's `UnbondingBlocksSet`
+  events from `from_block` (the constructor emits one at deployment, the admin's setter one per change),
+  read once per audit (again only after `refresh_history`, whose newer slashes may follow newer changes).
+  The view `unbondingBlocks()` gives only the period in force now, and the contract fixes a release
+  block with the period in force when it is computed: a slash's deadline needs the periods in force
+  since its commit. Where no event is found, the period read just before the scan held all along.
 """
 
 from __future__ import annotations
 
 from safetensors import SafetensorError
 
-from krill.audit.history import RunHistory
+from krill.audit.history import Point, RunHistory
 from krill.chain.errors import ChainInputError
 from krill.chain.types import ZERO32, CommitInfo
 from krill.errors import ModelError, PayloadError, StoreError
@@ -67,6 +73,7 @@ class AuditSource:
         self.chain, self.store, self.spec = chain, store, spec
         self.from_block = int(from_block)  # the protocol's deployment block: where its `Staked` events start
         self._staked_before_run: set[str] | None = None
+        self._unbonding: tuple[RunHistory, list[tuple[Point, int]]] | None = None
         self._versions: dict[int, VersionState] = {}
         self._records: dict[int, AggregationRecord] = {}
         self._keys: dict[str, bytes] = {}
@@ -231,6 +238,30 @@ class AuditSource:
                 found.add(event.account.lower())
             self._staked_before_run = found
         return account.lower() in self._staked_before_run
+
+    def unbonding_periods(self) -> list[tuple[Point, int]]:
+        """(where it was set, blocks) of each unbonding period from `from_block` on, oldest first: the
+        `UnbondingBlocksSet` events, or where there are none, the period in force now placed at
+        (`from_block`, -1) (it held all along). Read once per run history (see the module docstring)."""
+        history = self.history
+        if self._unbonding is None or self._unbonding[0] is not history:
+            from krill.chain.events import UnbondingBlocksSet
+
+            now = int(self.chain.unbonding_blocks())  # before the scan: any later change is among its events
+            sets = sorted(((e.block_number, e.log_index), int(e.blocks))
+                          for e in self.chain.events(from_block=self.from_block, kinds=(UnbondingBlocksSet,)))
+            self._unbonding = (history, sets or [((self.from_block, -1), now)])
+        return self._unbonding[1]
+
+    def unbonding_in_force(self, start: Point, end: Point) -> list[tuple[int, int]] | None:
+        """(first block, blocks) of each unbonding period in force at some point from `start` up to just before
+        `end`: the one in force at `start` (its first block taken as `start`'s) and each one set since. None
+        when the events from `from_block` do not tell the one in force at `start` (none was set before it)."""
+        periods = self.unbonding_periods()
+        before = [blocks for where, blocks in periods if where < start]
+        if not before:
+            return None
+        return [(start[0], before[-1])] + [(where[0], blocks) for where, blocks in periods if start <= where < end]
 
     def verdict_counts(self, worker: str, before_block: int) -> tuple[int, int]:
         """(passing, failing) verdicts that count towards `worker`'s trust (`counts_towards_trust`), on its

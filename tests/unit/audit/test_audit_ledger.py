@@ -243,6 +243,40 @@ def test_a_slash_after_the_stake_could_leave_or_without_grounds_fails(tmp_path, 
     assert f"commit {fair} " not in row.detail
 
 
+def test_a_slash_is_timed_by_the_unbonding_periods_in_force_since_the_commit_not_todays(tmp_path, monkeypatch):
+    """The contract fixes a release block with the period in force when it computes it: raised after the
+    commit (today's 50), the stake could still leave 20 blocks after the window's close. The audit used
+    today's period and passed a slash 24 blocks late. Where the events from the configured deployment
+    block do not tell the period at the commit, the audit says it cannot tell."""
+    from krill.audit import ledger
+    from krill.audit.refusals import Judgement
+    from krill.audit.source import AuditSource
+    from krill.chain.events import UnbondingBlocksSet
+
+    world = World(tmp_path)
+    chain = world.chain
+    chain.params = dataclasses.replace(chain.params, challenge_window_blocks=5, attestation_quorum=1)
+    chain._emit(UnbondingBlocksSet, 1, blocks=20)  # the deployment's
+    world.publish(1, block=110)
+    late, fair = (chain.commit(w, 1, 0, bytes([i]) * 32, block=111) for i, w in enumerate((A, B), 1))
+    for commit in (late, fair):
+        chain.attest(commit, False)
+    chain._emit(UnbondingBlocksSet, 113, blocks=chain.unbonding_blocks())  # raised to today's 50
+    for version, block in ((2, 130), (3, 140)):
+        world.publish(version, block=block)
+    monkeypatch.setattr(ledger, "judge_refusal", lambda source, commit_id: Judgement(False, "fails"))
+    chain.slash(late, block=111 + 5 + 20)
+    chain.slash(fair, block=111 + 5 + 20 - 1)
+    row = _row(audit_versions(world.source(), [3])[0], "slashing")
+    assert not row.ok and "1 commit due here" in row.detail, row.detail
+    assert f"commit {late} was slashed at block 136, when the stake behind it could already have left (from block " \
+           "136)" in row.detail and f"commit {fair} " not in row.detail
+
+    row = _row(audit_versions(AuditSource(chain, world.store, world.spec, from_block=5), [3])[0], "slashing")
+    assert not row.ok and f"commit {fair} was slashed at block 135, and the audit cannot tell whether in time: no " \
+                          "UnbondingBlocksSet event from block 5" in row.detail, row.detail
+
+
 def test_a_record_folding_more_of_one_workers_contributions_than_the_cap_fails_the_entries_row(tmp_path):
     world = _world(tmp_path)
     assert world.spec.version.max_per_worker == 2  # a new run's default
