@@ -9,6 +9,13 @@ Design decisions:
   comes from (`trust_weighed`). At most `RECORDS_READ` records are read, newest first, and the
   walk stops at the first unreadable one (an older weighing is not passed off as the current one),
   so status stays fast; beyond that, or before the first weighing, trust is "none" with why.
+- Status is interactive, so its time on the store is bounded: the store it opens waits at most
+  `RECORD_WAIT_S` for one record, whatever the configured store timeout (a networked store waits
+  that long, 60 s by default, for content nobody serves: status hung a minute on one such record,
+  and up to eight timeouts on records served slowly), and no record is asked for once
+  `RECORDS_BUDGET_S` have passed; status then says which versions' records it could not read.
+  At worst the walk takes `RECORDS_BUDGET_S + RECORD_WAIT_S`. A record that takes longer to find
+  reads as unavailable, and the next status tries again.
 - The index's Beta tally over every verdict on the worker's commits (`Participant.trust`) is not
   shown as trust: the coordinator counts only verdicts of verifiers the commit's randomness drew,
   staked no later than the commit's block, on its run's commits, with its run's prior, so any
@@ -38,16 +45,19 @@ Design decisions:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from krill.config import KrillConfig
-from krill.errors import ConfigError, KrillError
+from krill.errors import ConfigError, ContentNotFoundError, KrillError
 from krill.staking import jailed_advice, role_code, role_name, tokens
 
 NO_INDEX = "unknown (no index)"
 RECORDS_READ = 8  # newest published records a worker's status reads at most, looking for its weighing
 NOT_WEIGHED = "none (the coordinator weighs workers' contributions, not verifiers)"
+RECORD_WAIT_S = 5.0      # the most status waits for one record, whatever the store's own timeout
+RECORDS_BUDGET_S = 15.0  # no further record is asked for once the walk has taken this long
 
 
 @dataclass
@@ -160,21 +170,31 @@ def check_run(chain, run_id: bytes) -> dict:
     return {"id": run_id.hex(), "latest_version": info.latest_version, "reward_pool": tokens(info.reward_pool)}
 
 
-def weighed_trust(chain, store, run_id: bytes, worker: str, latest_version: int,
-                  depth: int = RECORDS_READ) -> tuple[float | None, str, dict | None]:
+def weighed_trust(chain, store, run_id: bytes, worker: str, latest_version: int, depth: int = RECORDS_READ,
+                  budget_s: float = RECORDS_BUDGET_S) -> tuple[float | None, str, dict | None]:
     """(trust, note, where) of the newest of the run's last `depth` published records that accepts a
-    contribution of `worker`: the trust the coordinator weighed it at (see the module docstring)."""
+    contribution of `worker`: the trust the coordinator weighed it at (see the module docstring). No record
+    is asked for once `budget_s` seconds have passed (one fetch's wait is the store's timeout)."""
     from krill.protocol.record import load_record
 
     who = worker.lower()
     oldest = max(1, latest_version - depth + 1)
+    deadline = time.monotonic() + budget_s
     for version in range(latest_version, oldest - 1, -1):
+        if version < latest_version and time.monotonic() >= deadline:
+            return None, f"unknown ({_records(version + 1, latest_version)} did not weigh this account and took " \
+                         f"over {budget_s:g}s to read; {_records(oldest, version)} {_was(oldest, version)} not read)", \
+                None
         try:
             record = load_record(store, chain.version_of(run_id, version).record_digest)
         except KrillError as exc:
             # Deliberately tolerated: status still reports everything else.
-            return None, f"unknown (the record of version {version} is unreadable: " \
-                         f"{str(exc).splitlines()[0][:120]})", None
+            unread = f"; {_records(oldest, version - 1)} {_was(oldest, version - 1)} not read" \
+                if version > oldest else ""
+            why = str(exc.args[0]) if exc.args else str(exc)  # a KeyError's str() would quote it
+            return None, f"unknown (the record of version {version} is " \
+                         f"{'unavailable' if isinstance(exc, ContentNotFoundError) else 'unreadable'}: " \
+                         f"{why.splitlines()[0][:120] if why else type(exc).__name__}{unread})", None
         mine = [e for e in record.accepted if e.worker == who]
         if not mine:
             continue
@@ -195,6 +215,22 @@ def weighed_trust(chain, store, run_id: bytes, worker: str, latest_version: int,
     return None, f"none in the last {depth} published versions (versions {oldest}..{latest_version})", None
 
 
+def _records(first: int, last: int) -> str:
+    return f"the record of version {first}" if first == last else f"the records of versions {first}..{last}"
+
+
+def _was(first: int, last: int) -> str:
+    return "was" if first == last else "were"
+
+
+def _interactive(store_config):
+    """`store_config` with its fetch timeout cut to `RECORD_WAIT_S` (a local store has none to cut)."""
+    timeout = getattr(store_config, "timeout_s", None)
+    if timeout is None or timeout <= RECORD_WAIT_S:
+        return store_config
+    return store_config.model_copy(update={"timeout_s": RECORD_WAIT_S})
+
+
 def _worker_trust(config: KrillConfig, chain, store, run_id: bytes | None, address: str,
                   run: dict | None) -> tuple[float | None, str, dict | None]:
     if run_id is None or run is None:
@@ -203,10 +239,10 @@ def _worker_trust(config: KrillConfig, chain, store, run_id: bytes | None, addre
         return weighed_trust(chain, store, run_id, address, 0)
     if store is not None:
         return weighed_trust(chain, store, run_id, address, run["latest_version"])
-    from krill.runtime import open_configured_store
+    from krill.store.base import open_store
 
     try:
-        opened = open_configured_store(config)
+        opened = open_store(_interactive(config.store))
     except KrillError as exc:
         # Deliberately tolerated, as an unreadable record is.
         return None, f"unknown (store unavailable: {str(exc).splitlines()[0][:120]})", None
@@ -219,7 +255,8 @@ def _worker_trust(config: KrillConfig, chain, store, run_id: bytes | None, addre
 def account_status(config: KrillConfig, role: str, chain, address: str, index: Index,
                    run_id: bytes | None, store=None) -> AccountStatus:
     """Chain figures for `address`, a worker's weighed trust from its run's published records (`store`:
-    the content store to read them from; the configured one when None), earnings and verdict counts from
+    the content store to read them from, its timeout the caller's; when None, the configured one, opened
+    with the fetch timeout cut to `RECORD_WAIT_S`), earnings and verdict counts from
     `index` when it is there."""
     from sqlalchemy import select
 

@@ -153,7 +153,8 @@ def test_an_unreadable_newer_record_is_not_skipped_for_an_older_weighing(tmp_pat
     me = "0x" + "11" * 20
     chain = _Chain({1: _published(store, 1, [_entry(1, me, "0.25")]), 2: b"\x77" * 32})
     got, note, where = weighed_trust(chain, store, b"\xab" * 32, me, 2)
-    assert got is None and where is None and note.startswith("unknown (the record of version 2 is unreadable")
+    assert got is None and where is None and note.startswith("unknown (the record of version 2 is unavailable: ") \
+        and note.endswith("; the record of version 1 was not read)")
 
 
 def test_the_coordinators_accepted_count_is_what_published_versions_folded(tmp_path):
