@@ -47,6 +47,11 @@ class _Chain:
     def claimable_of(self, address):
         return 0
 
+    def events(self, from_block=0, confirmations=0, kinds=None):
+        return [e for e in self.later if e.block_number >= from_block]
+
+    later: list = []  # events on the chain past the index's cursor
+
 
 def _config(store_path):
     return SimpleNamespace(chain=SimpleNamespace(deploy_block=0),
@@ -176,3 +181,24 @@ def test_the_coordinators_accepted_count_is_what_published_versions_folded(tmp_p
         assert (got["accepted"], got["accepted_unpublished"], got["rejected"], got["pending"]) == (1, 2, 0, 0)
         later = contributions_from_index(index, bytes.fromhex(world.run), world.honest, 3)  # version 3 published
         assert (later["accepted"], later["accepted_unpublished"]) == (2, 1)
+
+
+def test_earnings_with_an_index_add_what_the_chain_credited_past_its_cursor(world):
+    """Before: an index synced to block 99 (10 KRILL credited) was the whole figure: status said 10 KRILL earned
+    beside 30 claimable after a reward of 20 at block 150; and what was claimed after the cursor was left out."""
+    from krill.chain.events import Claimed, RewardCredited
+    from krill.testing.index_world import TOKEN
+
+    chain = _Chain({1: _record("bafkreimanifest1").digest})
+    chain.later = [RewardCredited(99, "0x" + "aa" * 32, 0, PROTOCOL, bytes.fromhex(world.run), 1, world.honest,
+                                  10 * TOKEN),  # before the cursor: in the index's tally already
+                   RewardCredited(150, "0x" + "bb" * 32, 0, PROTOCOL, bytes.fromhex(world.run), 2, world.honest,
+                                  20 * TOKEN),
+                   RewardCredited(151, "0x" + "cc" * 32, 0, PROTOCOL, bytes.fromhex(world.run), 2, "0x" + "99" * 20,
+                                  7 * TOKEN),  # another account's
+                   Claimed(160, "0x" + "dd" * 32, 0, PROTOCOL, world.honest.upper().replace("0X", "0x"), 4 * TOKEN)]
+    with open_database(world.url, create=False) as db:
+        status = account_status(_config(world.path / "store"), "worker", chain, world.honest,
+                                Index(db, "index", 100), bytes.fromhex(world.run))
+    assert (status.earned, status.claimed) == (30 * TOKEN, 4 * TOKEN)
+    assert dict(render(status))["earned"] == "30 KRILL (4 claimed)"
