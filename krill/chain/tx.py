@@ -42,6 +42,11 @@ Design decisions:
   coordinator's key while it runs) takes nonces this book does not see; the write was lost and a raw
   node error stopped the role. The transaction is first looked up by its hash, so a resend of one the
   node already has still counts as sent and is never sent twice under two nonces.
+- A resend (after a lost reply) that the node refuses is looked up by hash and receipt for up to
+  `LOOKUP_GRACE_S` before it counts as not sent: behind a load-balanced endpoint the back end that
+  refused it for "nonce too low" has mined it while the one answering the lookup lags a block behind,
+  and a single lookup made the transactor sign the write again under a fresh nonce: sent twice. A
+  first send refused for its nonce waits for nothing (no node can have these bytes from us).
 - A receipt that does not come within `receipt_timeout_s` raises `ReceiptTimeout`, a `ChainError`
   that is also web3's `TimeExhausted` (as `ChainUnavailableError` is a `ConnectionError`). web3's own
   class is no `KrillError`: the CLIs printed it as a traceback, and a role could not name it among
@@ -66,7 +71,7 @@ from web3.exceptions import TimeExhausted
 
 from krill.chain.errors import revert_from_exception, revert_from_rpc_error
 from krill.chain.events import ChainEvent, decode_receipt
-from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, is_in_process, with_retries
+from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, endpoint_of, is_in_process, is_transient, with_retries
 from krill.errors import ChainError, ContractRevert
 from krill.phases import phase
 
@@ -74,6 +79,7 @@ E = TypeVar("E", bound=ChainEvent)
 IN_PROCESS_GAS_LIMIT = 10_000_000
 FEE_REUSE_S = 1.0  # how long a transactor reuses the fees it read (`Transactor._fees`)
 NONCE_RETAKES = 3  # how often a send refused for a taken nonce is signed again with a fresh one
+LOOKUP_GRACE_S = 5.0  # how long a refused resend is looked up before it counts as not sent (`_landed`)
 # A node's words for "this nonce is used by another transaction of the sender" (geth, Anvil, Erigon,
 # Besu, Nethermind, py-evm), lower case.
 _NONCE_TAKEN = ("nonce too low", "nonce_too_low", "oldnonce", "invalid transaction nonce",
@@ -414,12 +420,35 @@ class Transactor:
             attempt += 1
             try:
                 return self.w3.eth.send_raw_transaction(raw)
-            except Exception:
-                if attempt > 1 and self._known(tx_hash):
+            except Exception as exc:
+                if attempt > 1 and (self._known(tx_hash) if is_transient(exc) else self._landed(tx_hash)):
                     return tx_hash  # the earlier send reached the node (pending or mined); only its reply was lost
                 raise
 
         return self._rpc(send, f"{what} (send)")
+
+    def _landed(self, tx_hash: bytes) -> bool:
+        """Whether the node has `tx_hash` (`_known`, or its receipt), looked up over `LOOKUP_GRACE_S`: a
+        load-balanced endpoint's lookups may lag the back end that refused a resend (module docstring)."""
+        from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
+
+        def seen() -> bool:
+            if self._known(tx_hash):
+                return True
+            try:
+                self.w3.eth.get_transaction_receipt(tx_hash)
+            except (TransactionNotFound, TransactionIndexingInProgress):
+                return False
+            return True
+
+        # Not through `_rpc`: called inside `_send_raw`'s retries, a transient fault resends the same bytes.
+        deadline, delay = time.monotonic() + LOOKUP_GRACE_S, 0.05
+        while not seen():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
+        return True
 
     def _known(self, tx_hash: bytes) -> bool:
         """Whether the node has transaction `tx_hash` (mined or pending)."""

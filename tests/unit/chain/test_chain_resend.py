@@ -51,6 +51,9 @@ def test_a_resend_refused_for_a_nonce_another_transaction_used_is_sent_again_wit
     """The first send never arrived, and meanwhile another transaction of the account took the nonce: the
     resend's refusal does not count as sent (the node lacks the transaction), and the write is signed again
     with the next nonce and lands once."""
+    import krill.chain.tx
+
+    monkeypatch.setattr(krill.chain.tx, "LOOKUP_GRACE_S", 0.2)  # the refused resend is looked up this long
     w3 = connect_in_process(accounts=2)
     sender = dev_account(0)
     tx = Transactor(w3, sender, retry=RETRY)
@@ -73,6 +76,45 @@ def test_a_resend_refused_for_a_nonce_another_transaction_used_is_sent_again_wit
     assert w3.eth.get_transaction(receipt.transaction_hash)["nonce"] == 1
     assert w3.eth.get_balance(dev_account(1).address) == before + 1  # sent once
     assert tx.nonces.take(w3, sender.address, RETRY) == 2
+
+
+def test_a_refused_resend_that_the_lookups_see_only_late_counts_as_sent(monkeypatch):
+    """The first send lands but its reply is lost; the resend is refused ("nonce too low") by a node whose hash
+    and receipt lookups lag (a load-balanced endpoint's back ends): it is looked up again for a short while
+    and counts as sent, never signed again under a fresh nonce (a single look sent the write twice)."""
+    from web3.exceptions import TransactionNotFound
+
+    w3 = connect_in_process(accounts=2)
+    tx = Transactor(w3, dev_account(0), retry=RETRY)
+    real_send, real_get, real_receipt = w3.eth.send_raw_transaction, w3.eth.get_transaction, \
+        w3.eth.get_transaction_receipt
+    sends, hidden = [], []
+
+    def reply_lost_once(raw):
+        sends.append(raw)
+        if len(sends) == 1:
+            real_send(raw)
+            raise requests.ReadTimeout("read timed out")
+        if raw == sends[0]:  # the node mined it
+            raise Web3RPCError("{'code': -32003, 'message': 'nonce too low'}")
+        return real_send(raw)  # the same write signed again under a fresh nonce: a second transfer
+
+    def lagging(real):
+        def lookup(tx_hash):
+            if len(hidden) < 4:
+                hidden.append(tx_hash)
+                raise TransactionNotFound(f"transaction {tx_hash!r} not found")
+            return real(tx_hash)
+        return lookup
+
+    monkeypatch.setattr(w3.eth, "send_raw_transaction", reply_lost_once)
+    monkeypatch.setattr(w3.eth, "get_transaction", lagging(real_get))
+    monkeypatch.setattr(w3.eth, "get_transaction_receipt", lagging(real_receipt))
+    before = w3.eth.get_balance(dev_account(1).address)
+    receipt = tx._send(_transfer, "transfer")
+    assert w3.eth.get_balance(dev_account(1).address) == before + 1  # sent once
+    assert len(sends) == 2 and sends[0] == sends[1] and len(hidden) == 4
+    assert real_get(receipt.transaction_hash)["nonce"] == 0 and w3.eth.get_transaction_count(dev_account(0).address) == 1
 
 
 def test_a_send_refused_for_its_nonce_every_time_gives_up_after_the_retakes(monkeypatch):
