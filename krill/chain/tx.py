@@ -26,6 +26,22 @@ Design decisions:
   goes with its connection and a new connection starts empty.
 - Fees follow EIP-1559: maxFee = 2 x base fee + priority fee (the node's suggestion), read at
   most once a second per transactor (forgotten after a failed send and a devnet revert).
+- A transaction still pending while the base fee outgrew its maxFee (or after `FeeBumpPolicy.after_s`
+  pending: its tip is too low) is replaced under the same nonce with raised fees: at least 12.5% more
+  on both maxFee and tip (geth refuses a replacement under +10%, "replacement transaction
+  underpriced") and at least the fresh 2 x next base fee + tip, never above the policy's cap (a
+  multiple of the first maxFee, or a fixed wei amount), so a fee spike cannot drain the account; once
+  the cap leaves no room for a valid replacement it waits until `ReceiptTimeout`. Without it a
+  transaction priced before a rise of the base fee sat in the pool for ever (Anvil even drops it), the
+  wait ended in `ReceiptTimeout` and every retry of the roles found the same stuck nonce. The wait
+  then looks for the receipt of each hash sent (the replaced one may still land on a node that never
+  saw its replacement) and decodes whichever is mined. A refused replacement ("nonce too low": one of
+  them landed; "underpriced", "insufficient funds"; Anvil's "less than block base fee" for one held
+  at the cap) is no error: the wait goes on with the hashes sent, and a later replacement must still
+  outbid the refused one, so the cap ends the attempts. Replacing makes the transactor read fees
+  afresh for its next write. The nonce book is untouched (same nonce). The base fee is looked at
+  only after `FeeBumpPolicy.check_s` without a receipt, and never in process: py-evm mines on
+  arrival.
 - Views and gas estimates go straight through the provider as JSON-RPC requests (`raw_call`):
   web3's request middleware cost more CPU than the request; reverts decode the same way.
 - Resending after a transient fault is safe: the signed bytes and hence the hash are the same.
@@ -67,7 +83,7 @@ from typing import Any, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
-from web3.exceptions import TimeExhausted
+from web3.exceptions import TimeExhausted, Web3Exception
 
 from krill.chain.errors import revert_from_exception, revert_from_rpc_error
 from krill.chain.events import ChainEvent, decode_receipt
@@ -80,6 +96,7 @@ IN_PROCESS_GAS_LIMIT = 10_000_000
 FEE_REUSE_S = 1.0  # how long a transactor reuses the fees it read (`Transactor._fees`)
 NONCE_RETAKES = 3  # how often a send refused for a taken nonce is signed again with a fresh one
 LOOKUP_GRACE_S = 5.0  # how long a refused resend is looked up before it counts as not sent (`_landed`)
+BUMP_NUMERATOR, BUMP_DENOMINATOR = 9, 8  # a replacement's least fee rise, +12.5% (geth needs +10%)
 # A node's words for "this nonce is used by another transaction of the sender" (geth, Anvil, Erigon,
 # Besu, Nethermind, py-evm), lower case.
 _NONCE_TAKEN = ("nonce too low", "nonce_too_low", "oldnonce", "invalid transaction nonce",
@@ -106,6 +123,24 @@ class TransactionFailed(ContractRevert):
 class TransactionOutOfGas(TransactionFailed):
     """A mined transaction used all its gas and failed, and no replay of it reverted: the state it ran on
     grew after its estimate (`Transactor._send` sends such a write once more, estimated again)."""
+
+
+@dataclass(frozen=True)
+class FeeBumpPolicy:
+    """When and how far a pending transaction's fees are raised (`Transactor._replace`)."""
+
+    check_s: float = 2.0  # how long without a receipt before (and between) looks at the base fee
+    after_s: float = 30.0  # pending this long since its last send, it is replaced even above the base fee
+    cap_factor: float = 4.0  # a replacement's maxFee stays under this multiple of the first maxFee...
+    cap_wei: int | None = None  # ...or under this fixed maxFee per gas, when set
+
+
+DEFAULT_BUMP = FeeBumpPolicy()
+
+
+def _raised(fee: int) -> int:
+    """`fee` raised by the least a replacement needs (rounded up)."""
+    return -(-fee * BUMP_NUMERATOR // BUMP_DENOMINATOR)
 
 
 @dataclass(frozen=True)
@@ -190,12 +225,13 @@ class Transactor:
     """Sends transactions and calls for one account on one chain connection."""
 
     def __init__(self, w3: Web3, account: LocalAccount | None, retry: RetryPolicy = DEFAULT_RETRY,
-                 receipt_timeout_s: float = 120.0, gas_margin: float = 1.2):
+                 receipt_timeout_s: float = 120.0, gas_margin: float = 1.2, bump: FeeBumpPolicy = DEFAULT_BUMP):
         self.w3 = w3
         self.account = account
         self.retry = retry
         self.receipt_timeout_s = receipt_timeout_s
         self.gas_margin = gas_margin
+        self.bump = bump
         self.nonces = nonce_book(w3)
         self._endpoint = endpoint_of(w3)
         self._in_process = is_in_process(w3)
@@ -272,15 +308,31 @@ class Transactor:
             return dict(cached[1])
         block = self._rpc(lambda: self.w3.eth.get_block("latest"), "eth_getBlockByNumber")
         base = int(block.get("baseFeePerGas") or 0)
-        try:
-            priority = int(self._rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas"))
-        except ContractRevert:
-            raise
-        except Exception:  # noqa: BLE001 - nodes without the method get a fixed 1 gwei tip
-            priority = 10**9
+        priority = self._tip()
         fees = {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority}
         self._fee_cache = (time.monotonic(), fees)
         return dict(fees)
+
+    def _tip(self) -> int:
+        """The node's suggested priority fee; 1 gwei from nodes without `eth_maxPriorityFeePerGas`."""
+        try:
+            return int(self._rpc(lambda: self.w3.eth.max_priority_fee, "eth_maxPriorityFeePerGas"))
+        except ContractRevert:
+            raise
+        except Exception:  # noqa: BLE001 - nodes without the method get a fixed 1 gwei tip
+            return 10**9
+
+    def _next_base_fee(self) -> int:
+        """The base fee of the next block (the last of `eth_feeHistory`'s, which names it), else the latest
+        block's from nodes without the method."""
+        response = self._rpc(lambda: self.w3.provider.make_request("eth_feeHistory", ["0x1", "latest", []]),
+                             "eth_feeHistory")
+        result = response.get("result")
+        fees = result.get("baseFeePerGas") if isinstance(result, dict) else None
+        if fees and isinstance(fees[-1], str):
+            return int(fees[-1], 16)
+        block = self._rpc(lambda: self.w3.eth.get_block("latest"), "eth_getBlockByNumber")
+        return int(block.get("baseFeePerGas") or 0)
 
     def forget_fees(self) -> None:
         """Read the fees again at the next transaction (after a failure, or a devnet snapshot revert)."""
@@ -328,9 +380,9 @@ class Transactor:
         sender = tx["from"]
         try:
             with phase("chain_send"):
-                tx_hash = self._send_signed(tx, what)
+                tx_hash, tx = self._send_signed(tx, what)
             with phase("chain_confirm"):
-                receipt = self._wait_receipt(tx_hash, what)
+                receipt = self._wait_receipt(tx_hash, what, tx)
         except Exception:
             self.nonces.forget(sender)
             self.forget_fees()
@@ -345,26 +397,28 @@ class Transactor:
             contract_address=receipt.get("contractAddress"),
         )
 
-    def _send_signed(self, tx: dict, what: str) -> bytes:
-        """Sign and send `tx`; a refusal for a nonce another transaction took signs it again with the next
-        nonce from the chain (see the module docstring)."""
+    def _send_signed(self, tx: dict, what: str) -> tuple[bytes, dict]:
+        """Sign and send `tx`: its hash and the fields sent. A refusal for a nonce another transaction took
+        signs it again with the next nonce from the chain (see the module docstring)."""
         retakes = 0
         while True:
             raw = self.account.sign_transaction(tx).raw_transaction
             try:
-                return self._send_raw(raw, what)
+                return self._send_raw(raw, what), tx
             except Exception as exc:
                 if retakes == NONCE_RETAKES or not _nonce_taken(exc):
                     raise
                 tx_hash = Web3.keccak(raw)
                 if self._rpc(lambda h=tx_hash: self._known(h), f"{what} (lookup)"):
-                    return tx_hash  # this very transaction holds the nonce: sent
+                    return tx_hash, tx  # this very transaction holds the nonce: sent
             retakes += 1
             self.nonces.forget(tx["from"])
             tx = {**tx, "nonce": self.nonces.take(self.w3, tx["from"], self.retry)}
 
-    def _wait_receipt(self, tx_hash, what: str):
+    def _wait_receipt(self, tx_hash, what: str, tx: dict | None = None):
         """The receipt of `tx_hash`, looked for at once, then after 2, 4, 8, ... ms and then every 50 ms.
+        Given the fields `tx` it was sent with, a transaction the base fee outgrew is replaced with raised
+        fees (`_replace`), and the receipt is that of whichever of the hashes sent is mined.
 
         An automining node has usually mined the transaction by the first look, but not always on a
         loaded machine; a fixed 50 ms poll (web3's `wait_for_transaction_receipt`) then cost a
@@ -373,19 +427,56 @@ class Transactor:
         """
         from web3.exceptions import TransactionIndexingInProgress, TransactionNotFound
 
-        deadline = time.monotonic() + self.receipt_timeout_s
+        started = time.monotonic()
+        deadline = started + self.receipt_timeout_s
+        # py-evm mines each transaction as it arrives; every write here is EIP-1559 (`_fees`)
+        bumping = tx is not None and "maxFeePerGas" in tx and not self._in_process
+        next_check, last_sent = started + self.bump.check_s, started
+        sent, latest = [tx_hash], tx  # every hash sent under this nonce; the fields last signed (maybe refused)
         delay = 0.002
         while True:
-            try:
-                return self._rpc(lambda: self.w3.eth.get_transaction_receipt(tx_hash), f"{what} (receipt)")
-            except (TransactionNotFound, TransactionIndexingInProgress):
-                # Not mined yet, or the node is still indexing (as web3's own wait treats both).
-                if time.monotonic() >= deadline:
-                    shown = Web3.to_hex(tx_hash)
-                    raise ReceiptTimeout(f"{what}: transaction {shown} is not in the chain after "
-                                         f"{self.receipt_timeout_s:g} seconds", shown) from None
+            for h in reversed(sent):  # the newest first: the one most likely mined
+                try:
+                    receipt = self._rpc(lambda h=h: self.w3.eth.get_transaction_receipt(h), f"{what} (receipt)")
+                except (TransactionNotFound, TransactionIndexingInProgress):
+                    continue  # not mined yet, or the node is still indexing (as web3's own wait treats both)
+                return receipt
+            now = time.monotonic()
+            if now >= deadline:
+                shown = Web3.to_hex(sent[-1])
+                others = f" (replacing {', '.join(Web3.to_hex(h) for h in sent[:-1])})" if len(sent) > 1 else ""
+                raise ReceiptTimeout(f"{what}: transaction {shown}{others} is not in the chain after "
+                                     f"{self.receipt_timeout_s:g} seconds", shown) from None
+            if bumping and now >= next_check:
+                next_check = now + self.bump.check_s
+                replaced = self._replace(latest, tx["maxFeePerGas"], now - last_sent >= self.bump.after_s, what)
+                if replaced is not None:
+                    new_hash, latest = replaced  # a refused one too: the next must outbid it, or the cap ends it
+                    if new_hash is not None:
+                        sent.append(new_hash)
+                        last_sent, delay = time.monotonic(), 0.002
             time.sleep(delay)
-            delay = min(2 * delay, 0.05)
+            delay = min(2 * delay, 0.05 * len(sent))  # each look asks for every hash sent
+
+    def _replace(self, tx: dict, first_fee: int, stale: bool, what: str) -> tuple[bytes | None, dict] | None:
+        """Send `tx` again under its nonce with raised fees if the next block's base fee outgrew its maxFee
+        or it is `stale` (see the module docstring): the fields signed and their hash (None if the node
+        refused them), or None when no replacement is due or the cap leaves no room for one."""
+        base = self._next_base_fee()
+        if tx["maxFeePerGas"] >= base and not stale:
+            return None
+        tip = max(_raised(tx["maxPriorityFeePerGas"]), self._tip())
+        cap = self.bump.cap_wei if self.bump.cap_wei is not None else int(first_fee * self.bump.cap_factor)
+        fee = min(max(_raised(tx["maxFeePerGas"]), 2 * base + tip), cap)
+        if fee < _raised(tx["maxFeePerGas"]) or fee < _raised(tx["maxPriorityFeePerGas"]):
+            return None  # the cap leaves no room for a replacement the nodes accept
+        fields = {**tx, "maxFeePerGas": fee, "maxPriorityFeePerGas": min(tip, fee)}
+        self.forget_fees()  # priced under the base fee now: the next write reads them again
+        try:
+            tx_hash = self._send_raw(self.account.sign_transaction(fields).raw_transaction, f"{what} (fee bump)")
+        except Web3Exception:  # refused: one of those sent landed ("nonce too low"), or no funds for the new fee
+            return None, fields  # (an unreachable node raises `ChainUnavailableError`, no refusal)
+        return tx_hash, fields
 
     def _gas_limit(self, probe: dict, what: str) -> int:
         if self._in_process:
