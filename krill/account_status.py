@@ -28,6 +28,10 @@ Design decisions:
   for a version (which may still reject it, as late) and while its version is journalled but not
   published. Those are counted apart (`accepted_unpublished`); counted as accepted, status said
   "3 accepted" beside a trust row that no published version had weighed the worker yet.
+- The worker's commits the index holds (from the chain) with no coordinator row are counted too
+  (`undecided`), and whether the index holds any of the coordinator's rows for the run at all
+  (`decisions_indexed`): an index synced from the chain (`krill index sync`) has none, and status
+  said "0 accepted, 0 rejected, 0 pending" of a worker with 31 commits on the run.
 - The coordinator's verdicts on contributions and the earnings tally live in the index database
   (`krill.db`). The index is used when one is there for this deployment (an existing SQLite file
   or a reachable PostgreSQL whose `index_meta` names this contract); it is opened read-only
@@ -358,7 +362,7 @@ def contributions_from_index(index: Index, run_id: bytes, worker: str, latest_ve
     accepted contributions folded into none up to it are counted apart (`accepted_unpublished`)."""
     from sqlalchemy import case, func, select
 
-    from krill.db.models import Contribution, ContributionStatus
+    from krill.db.models import Commit, Contribution, ContributionStatus
 
     if index.db is None or "contributions" not in index.db.table_names():
         return None
@@ -380,9 +384,16 @@ def contributions_from_index(index: Index, run_id: bytes, worker: str, latest_ve
         latest = session.scalars(select(Contribution)
                                  .where(*where, Contribution.status == ContributionStatus.REJECTED)
                                  .order_by(Contribution.commit_id.desc()).limit(recent)).all()
+        undecided = session.scalar(
+            select(func.count()).select_from(Commit)
+            .where(Commit.run_id == run_hex, Commit.worker == who,
+                   Commit.commit_id.not_in(select(Contribution.commit_id).where(Contribution.run_id == run_hex)))) \
+            if "commits" in index.db.table_names() else 0
+        indexed = session.scalar(select(Contribution.commit_id).where(Contribution.run_id == run_hex).limit(1))
     return {
         "accepted": by_status.get("accepted", 0), "accepted_unpublished": by_status.get("accepted_unpublished", 0),
         "rejected": by_status.get("rejected", 0), "pending": by_status.get("pending", 0),
+        "undecided": int(undecided or 0), "decisions_indexed": indexed is not None,
         "rejected_by_reason": dict(sorted(reasons.items())),
         "recent_rejections": [{"commit_id": c.commit_id, "version": c.version,
                                "reason_code": getattr(c.reason_code, "value", c.reason_code),

@@ -5,8 +5,9 @@ Design decisions:
   (`contributions.jsonl`: committed, or dropped and why, e.g. stale) always; the coordinator's
   verdicts (accepted, rejected with reason codes) only when an index database for this deployment
   is at hand, since nothing on-chain records them; otherwise "unknown (no index)". Accepted means
-  folded into a published version; accepted ones not yet there are counted apart
-  (`krill.account_status.contributions_from_index`).
+  folded into a published version; accepted ones not yet there are counted apart, and so are the
+  commits the index holds with no decision, saying so when the index has none of the run's
+  decisions (`krill.account_status.contributions_from_index`).
 - The log is counted per nonce, its last line winning: a crash between an outcome's log line and
   the state write that clears the pending entry repeats the line on restart, marked `resumed`
   (`krill.worker.nonce_state`), and that is still one contribution.
@@ -49,6 +50,15 @@ def _local(config: KrillConfig, address: str, run_id: bytes | None) -> dict | No
     }
 
 
+def _undecided(verdicts: dict) -> str:
+    """The commits the index holds with no coordinator decision, and why none may be there."""
+    if not verdicts["undecided"]:
+        return ""
+    why = "" if verdicts["decisions_indexed"] else \
+        " (this index holds none of the coordinator's decisions on the run: an index synced from the chain has none)"
+    return f"; {verdicts['undecided']} committed with no decision in the index{why}"
+
+
 def worker_status(config: KrillConfig):
     """(AccountStatus, table rows, JSON extra, detail lines) of the configured worker."""
     from krill.account_status import account_status, contributions_from_index, open_index
@@ -85,7 +95,7 @@ def worker_status(config: KrillConfig):
         rows.append(("coordinator", f"{verdicts['accepted']} accepted"
                      + (f" (+ {unpublished} accepted, not in a published version yet)" if unpublished else "")
                      + f", {verdicts['rejected']} rejected" + (f" ({reasons})" if reasons else "")
-                     + f", {verdicts['pending']} pending"))
+                     + f", {verdicts['pending']} pending" + _undecided(verdicts)))
         details += [f"rejected commit #{r['commit_id']} (v{r['version']}): {r['reason_code']}: {r['reason']}"
                     for r in verdicts["recent_rejections"]]
     extra = {"local": local, "contributions": verdicts,

@@ -202,3 +202,33 @@ def test_earnings_with_an_index_add_what_the_chain_credited_past_its_cursor(worl
                                 Index(db, "index", 100), bytes.fromhex(world.run))
     assert (status.earned, status.claimed) == (30 * TOKEN, 4 * TOKEN)
     assert dict(render(status))["earned"] == "30 KRILL (4 claimed)"
+
+
+def test_commits_with_no_coordinator_decision_in_the_index_are_counted_not_hidden(tmp_path):
+    """Before: an index synced from the chain holds the worker's commits but none of the coordinator's rows, and
+    status said "0 accepted, 0 rejected, 0 pending" of a worker with 31 commits on the run; commits the coordinator
+    has no row for were left out of the figures in its own database too."""
+    from sqlalchemy import delete
+
+    from krill.account_status import contributions_from_index
+    from krill.db.models import Contribution
+    from krill.testing.index_world import EXTRA_COMMITS
+    from worker.status import _undecided
+
+    world = fill_index_world(f"sqlite:///{tmp_path / 'index.db'}", tmp_path)  # commit 1 decided, the rest not
+    run = bytes.fromhex(world.run)
+    with open_database(world.url, create=False) as db:
+        got = contributions_from_index(Index(db, "index", 100), run, world.honest, 2)
+    assert (got["accepted"], got["undecided"], got["decisions_indexed"]) == (1, EXTRA_COMMITS, True)
+    assert _undecided(got) == f"; {EXTRA_COMMITS} committed with no decision in the index"
+    with open_database(world.url) as db, db.write() as s:
+        s.execute(delete(Contribution))  # as `krill index sync` leaves it: no coordinator rows
+    with open_database(world.url, create=False) as db:
+        got = contributions_from_index(Index(db, "index", 100), run, world.honest, 2)
+        other = contributions_from_index(Index(db, "index", 100), b"\xcd" * 32, world.honest, 2)
+    assert (got["accepted"], got["pending"], got["undecided"], got["decisions_indexed"]) == (
+        0, 0, 1 + EXTRA_COMMITS, False)
+    assert _undecided(got) == (f"; {1 + EXTRA_COMMITS} committed with no decision in the index (this index holds "
+                               "none of the coordinator's decisions on the run: an index synced from the chain has "
+                               "none)")
+    assert (other["undecided"], _undecided(other)) == (0, "")  # another run's: none of these commits
