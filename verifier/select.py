@@ -24,7 +24,13 @@ Design decisions:
   half of that quarter (`still_fetching_until`): a verifier that first asks for it late (restarted
   after an outage, or corroborating a failing verdict attested late) used to attest an honest worker
   unavailable because one fetch took longer than a pass waits (2 s), while the half left still
-  lets the attestation of a payload nobody serves land in the window.
+  lets the attestation of a payload nobody serves land in the window. That half is never under
+  `ATTEST_MARGIN` blocks where the window allows (as the margin of `unavailable_after` never is): on
+  a window under 16 blocks it was one block (the head at the window's last block but one), so one
+  block of delay between the decision and the transaction (a slow evidence upload, a busy node,
+  other traffic) put the attestation past the window and a payload whose fetch never ended went
+  unattested (`missed`); the price is a slow fetch given a block or two less on such windows (none
+  over `unavailable_after` under 12 blocks).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from krill.errors import ChainError
 from krill.protocol.selection import drawn  # noqa: F401  (`select.drawn`: the verifier reads the draw here)
 
 ZERO32 = b"\x00" * 32
+# The fewest blocks `still_fetching_until` leaves before the window's last block, where the window allows:
+# an attestation decided there still lands if one block passes before its transaction is sent.
+ATTEST_MARGIN = 2
 
 
 def last_block(commit_block: int, window: int) -> int:
@@ -55,9 +64,11 @@ def unavailable_after(commit_block: int, window: int) -> int:
 
 def still_fetching_until(commit_block: int, window: int) -> int:
     """From this head on, a payload whose fetch is still running (not known missing) is attested as
-    unavailable: halfway through the margin `unavailable_after` leaves."""
+    unavailable: halfway through the margin `unavailable_after` leaves, and at least `ATTEST_MARGIN` blocks
+    before the window's last block (never before `unavailable_after`)."""
     margin = max(2, window // 4)
-    return max(unavailable_after(commit_block, window), last_block(commit_block, window) - margin // 2)
+    end = last_block(commit_block, window)
+    return max(unavailable_after(commit_block, window), end - max(margin // 2, ATTEST_MARGIN))
 
 
 def ensure_randomness(chain, commit_id: int, commit_block: int, head: int) -> bytes | None:
