@@ -38,6 +38,20 @@ Design decisions:
   as `error` for that commit, and the loop goes on, as it does past a Committed event the state
   cannot record (`state.unrecordable`: recorded as `error` and logged, the rest of its batch saved);
   losing eligibility to attest stops the loop with the contract's reason.
+- Back-off against block deadlines: windows are counted in blocks, back-off in seconds. Every wait
+  (a commit's retry, the pass-level back-off after an outage) is capped at half the time the head is
+  expected to take to reach the block the commit is waiting for (the point where a missing payload
+  is attested unavailable, or the last block a transaction sent still lands from), floored at the
+  first retry's delay (`payload_retry_s`; `poll_interval_s` for an outage) and at a quarter of a
+  block (a slow chain is not polled many times a block near the deadline). The pace is measured by
+  the loop itself (`HeadPace`: each new head timed by the reads around it, over the last 32 moves,
+  erring towards a faster chain; a head seen standing still stretches it), so it needs no extra
+  reads and no configured block time. Uncapped, the doubling delays (up to `max_backoff_s`, 30 s)
+  slept through the whole last quarter of a window at a 1 s or 2 s block time (windows of 8 to 30
+  blocks, or 60 at 0.25 s), and a withheld payload ended `missed` instead of attested unavailable.
+  On a slow chain the cap is above the back-off and changes nothing; on a devnet whose blocks come
+  only with transactions the head stands still, the pace stretches, and the verifier does not poll
+  faster either. Until the head has been seen to move there is no estimate and no cap.
 - Corroboration: the loop also reads `Attested` events (same stream, same persisted cursor), and
   another verifier's failing verdict on a commit of the run, whose window is still open, makes
   this verifier replay that commit whatever its own draw (`state.add_events`): it seals the
@@ -61,6 +75,7 @@ Design decisions:
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +148,7 @@ class VerifierLoop:
         self._origins: dict[int, str] = {}  # commit id -> why it is replayed (`selected` / `corroborating`)
         self._named_shards: dict[int, int | None] = {}  # commit id -> the shard the failing evidence names
         self._evidence = Fetcher(threads=2)  # failing evidence documents, one lane per verifier that attested
+        self._pace = HeadPace()
         cursor = state.cursor()
         if cursor is None:
             created = chain.run_of(spec.run_id).created_block
@@ -166,7 +182,7 @@ class VerifierLoop:
         failing = [FailingVerdict(e.commit_id, e.verifier, e.evidence_digest) for e in events
                    if isinstance(e, Attested) and not e.ok and e.verifier.lower() != me]
         # Commits whose window is still open: a transaction sent now, mined at head + 1, lands by commit + window.
-        open_from = self.chain.block_number() + 1 - self.window if failing else 0
+        open_from = self._head() + 1 - self.window if failing else 0
         new, marked, rejected = self.state.add_events(jobs, failing, self._stream.next_block,
                                                       open_from_block=open_from)
         for job, problem in rejected:  # recorded as `error` where its commit id allows; never dropped unsaid
@@ -183,7 +199,7 @@ class VerifierLoop:
         """Poll events and handle every pending commit that is due; returns attestations sent."""
         self.poll_events()
         before = self.attested
-        reads = PassReads(self.chain)
+        reads = PassReads(self.chain, self._head)
         for job in self.state.pending():
             due = self._retry_at.get(job.commit_id)
             if due is not None and time.monotonic() < due[0]:
@@ -199,7 +215,7 @@ class VerifierLoop:
             except transient_faults() as exc:
                 fault = f"{type(exc).__name__}: {exc}"[:300]
                 self._faults[job.commit_id] = fault
-                self._retry_later(job, fault, announce=True)
+                self._retry_later(job, fault, announce=True)  # by the window's last block but one
             except Exception as exc:  # noqa: BLE001 - one commit's bug must not stop the verifier; recorded
                 self._finish(job, ERROR, reason=f"{type(exc).__name__}: {exc}"[:500])
                 self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  ERROR (not attested): "
@@ -287,17 +303,18 @@ class VerifierLoop:
         else:
             named = self._named_shard(job)
             if named is EVIDENCE_FETCHING:
-                self._retry_later(job, "the failing evidence it corroborates is still being fetched")
+                self._retry_later(job, "the failing evidence it corroborates is still being fetched",
+                                  until=select.unavailable_after(job.commit_block, self.window))
                 return
             try:
                 result = self.replayer.replay(job, randomness, shard=named)
             except PayloadUnavailable as exc:
-                head = self.chain.block_number()
+                head = self._head()
                 # A fetch still running is slow, not known missing: it gets longer (`select` explains).
                 until = (select.still_fetching_until if isinstance(exc, PayloadStillFetching)
                          else select.unavailable_after)(job.commit_block, self.window)
                 if head < until:
-                    self._retry_later(job, f"payload not available yet ({exc})")
+                    self._retry_later(job, f"payload not available yet ({exc})", until=until)
                     return
                 result = unavailable_result(f"unavailable until block {head}: {exc}", time.perf_counter() - started)
             except RunDataUnavailable as exc:
@@ -306,7 +323,7 @@ class VerifierLoop:
             if result.reason != "unavailable":  # a payload missing now may be fetched on the retry after a fault
                 self._verdicts[job.commit_id] = (randomness, result)
             self._retry_at.pop(job.commit_id, None)  # replayed: the payload's back-off is over
-        head = self.chain.block_number()
+        head = self._head()
         if not select.can_still_attest(head, job.commit_block, self.window):
             self._finish(job, MISSED, ok=result.ok, reason="replay finished after the window closed")
             self.echo(_line(job, result, time.perf_counter() - started, "missed the window, not attested"))
@@ -350,7 +367,7 @@ class VerifierLoop:
         fetched = self._evidence.take(key)
         evidence, why, final = None, "", True
         if fetched is None:
-            if self.chain.block_number() < select.unavailable_after(job.commit_block, self.window):
+            if self._head() < select.unavailable_after(job.commit_block, self.window):
                 return EVIDENCE_FETCHING
             why = "still being fetched late in the window"
         else:
@@ -380,15 +397,44 @@ class VerifierLoop:
             return None
         return self.chain.seal_randomness_now(job.commit_id)
 
-    def _retry_later(self, job: Job, why: str, announce: bool = False) -> None:
-        """Try `job` again after a doubling delay; say why the first time (every time if `announce`)."""
+    def _head(self) -> int:
+        """The chain's head, read now (and timed, for `HeadPace`)."""
+        head = self.chain.block_number()
+        self._pace.observe(head, time.monotonic())
+        return head
+
+    def _capped(self, delay: float, block: int, floor: float) -> float:
+        """`delay`, or half the time the head is expected to take to reach `block` if that is shorter (never
+        under `floor` nor a quarter of a block: the module docstring, on back-off against block deadlines)."""
+        left = self._pace.seconds_until(block, time.monotonic())
+        if left is None:
+            return delay
+        return min(delay, max(floor, self._pace.block_seconds() / 4, left / 2))
+
+    def _retry_later(self, job: Job, why: str, announce: bool = False, until: int | None = None) -> None:
+        """Try `job` again after a doubling delay, waking before the head reaches `until` (default: the window's
+        last block but one, the last head a transaction sent still lands from); say why the first time
+        (every time if `announce`)."""
         _, delay = self._retry_at.get(job.commit_id, (0.0, 0.0))
         first = delay == 0.0
         delay = min(self.settings.max_backoff_s, max(self.settings.payload_retry_s, delay * 2))
+        if until is None:
+            until = select.last_block(job.commit_block, self.window) - 1
+        wait = self._capped(delay, until, self.settings.payload_retry_s)
         if first or announce:
             self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  waiting: {why}"
-                      + (f"; retrying in {delay:.1f}s" if announce else ""))
-        self._retry_at[job.commit_id] = (time.monotonic() + delay, delay)
+                      + (f"; retrying in {wait:.1f}s" if announce else ""))
+        self._retry_at[job.commit_id] = (time.monotonic() + wait, delay)
+
+    def _outage_wait(self, delay: float) -> float:
+        """How long to back off after an outage: `delay`, capped by the nearest window of a pending commit (the
+        last head a transaction sent still lands from) that even the slow estimate does not put behind."""
+        now, pace = time.monotonic(), self._pace
+        ends = sorted({select.last_block(job.commit_block, self.window) - 1 for job in self.state.pending()})
+        ahead = [end for end in ends if (pace.seconds_until(end, now, slow=True) or 0.0) > 0]
+        if not ahead:
+            return delay
+        return self._capped(delay, ahead[0], self.settings.poll_interval_s)
 
     # ------------------------------------------------------------------ the loop
 
@@ -404,8 +450,9 @@ class VerifierLoop:
                 if self.attested:  # models and clients are loaded by the first attestation (frozen once)
                     freeze_heap()
             except UNREACHABLE as exc:
-                self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {delay:.2f}s")
-                time.sleep(delay)
+                wait = self._outage_wait(delay)
+                self.echo(f"unreachable ({type(exc).__name__}: {exc}); retrying in {wait:.2f}s")
+                time.sleep(wait)
                 delay = min(self.settings.max_backoff_s, delay * 2)
                 continue
             if max_attestations is not None and self.attested >= max_attestations:
@@ -422,14 +469,15 @@ class PassReads:
     attestation mines a block, a replay takes blocks' time), and each randomness block's hash once:
     the commits of one block share it."""
 
-    def __init__(self, chain):
+    def __init__(self, chain, read_head: Callable[[], int] | None = None):
         self.chain = chain
+        self._read_head = read_head or chain.block_number
         self._head: int | None = None
         self._hashes: dict[int, bytes] = {}
 
     def head(self) -> int:
         if self._head is None:
-            self._head = self.chain.block_number()
+            self._head = self._read_head()
         return self._head
 
     def moved(self) -> None:
@@ -445,6 +493,49 @@ class PassReads:
                 return None
             self._hashes[number] = hashed
         return self._hashes[number]
+
+
+class HeadPace:
+    """How fast the chain's head moves, as the loop's own reads see it, and when it should reach a block.
+
+    A head read for the first time appeared after the read before it (which saw a lower one) and
+    at or before this one: every estimate takes the end of that span that makes the chain look
+    faster (the block time over the last `SPAN` moves from the first read of the oldest head to
+    the read before the newest; the newest head's arrival at that read before), since one that
+    errs slow makes a capped wait oversleep a deadline, and one that errs fast only wakes the
+    loop sooner. A head seen standing still for longer than that block time (a devnet between
+    transactions, a stalled chain) stretches it to that long. Whether a deadline has passed unseen (an
+    outage) is the one question where erring fast is the risk: `slow` answers it with twice the
+    block time from the newest head's first read."""
+
+    SPAN = 32
+
+    def __init__(self):
+        self._moves: deque[tuple[float, float, int]] = deque(maxlen=self.SPAN)  # (read before, first read, head)
+        self._read_at: float | None = None  # the last read
+
+    def observe(self, head: int, now: float) -> None:
+        if not self._moves or head > self._moves[-1][2]:
+            self._moves.append((now if self._read_at is None else self._read_at, now, head))
+        self._read_at = now
+
+    def block_seconds(self) -> float | None:
+        """The estimated block time; None until the head was seen to move."""
+        if len(self._moves) < 2 or self._read_at is None:
+            return None
+        (_, first_at, first), (before, last_at, last) = self._moves[0], self._moves[-1]
+        return max(max(0.0, before - first_at) / (last - first), self._read_at - last_at)
+
+    def seconds_until(self, block: int, now: float, slow: bool = False) -> float | None:
+        """Estimated seconds from `now` until the head reaches `block` (0 or less: already there, by the
+        estimate; `slow`: by the slow one); None until the head was seen to move."""
+        seconds = self.block_seconds()
+        if seconds is None:
+            return None
+        before, first_read, last = self._moves[-1]
+        if slow:
+            return first_read + (block - last) * 2 * seconds - now
+        return before + (block - last) * seconds - now
 
 
 def _short(address: str) -> str:
