@@ -37,7 +37,9 @@ Design decisions:
   or a reachable PostgreSQL whose `index_meta` names this contract); it is opened read-only
   (no table creation), and when it is missing, unreadable or of another contract the figures say
   "unknown (...)" with the reason instead of failing: status must work for a worker on a laptop
-  that keeps no index.
+  that keeps no index. A PostgreSQL index is opened with libpq's `connect_timeout` (`INDEX_CONNECT_S`)
+  unless the URL sets one: without it a server that accepts the connection and never answers held
+  status for good (and a host whose packets are dropped for the kernel's two minutes).
 - Earnings without an index are summed from the account's `RewardCredited`/`BountyCredited`
   events since the deploy block: slower on a long chain, but exact. With an index, its tally covers
   the blocks before its cursor and the events from the cursor to the head are added: an index
@@ -64,6 +66,7 @@ RECORDS_READ = 8  # newest published records a worker's status reads at most, lo
 NOT_WEIGHED = "none (the coordinator weighs workers' contributions, not verifiers)"
 RECORD_WAIT_S = 5.0      # the most status waits for one record, whatever the store's own timeout
 RECORDS_BUDGET_S = 15.0  # no further record is asked for once the walk has taken this long
+INDEX_CONNECT_S = 5      # connect_timeout of a PostgreSQL index whose URL sets none
 
 
 @dataclass
@@ -91,9 +94,12 @@ def open_index(config: KrillConfig) -> Index:
     url = make_url(config.database.url)
     if url.get_backend_name() == "sqlite" and (not url.database or not Path(url.database).expanduser().exists()):
         return Index(None, NO_INDEX)
+    target = config.database.url
+    if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+        target = url.update_query_dict({"connect_timeout": str(INDEX_CONNECT_S)}).render_as_string(hide_password=False)
     db = None
     try:
-        db = open_database(config.database.url, create=False)
+        db = open_database(target, create=False)
         if "index_meta" not in db.table_names():
             db.close()
             return Index(None, NO_INDEX)
