@@ -160,15 +160,15 @@ def test_records_served_slowly_stop_the_walk_at_its_budget_and_say_which_were_no
     chain = _Chain({v: r.digest for v, r in records.items()})
     handler.delay = 0.4
     with KuboStore(api_url, timeout_s=5) as store:
-        trust, note, where = weighed_trust(chain, store, b"\xab" * 32, ME, RECORDS_READ, budget_s=1.0)
+        trust, note, where = weighed_trust(chain, store, b"\xab" * 32, ME, RECORDS_READ, budget_s=2.0)
         assert (trust, where) == (None, None)
         read = len(chain.asked)
         assert 2 <= read < RECORDS_READ, chain.asked
         first_unread = RECORDS_READ - read
         assert note == (f"unknown (the records of versions {first_unread + 1}..{RECORDS_READ} did not weigh this "
-                        f"account and took over 1s to read; the records of versions 1..{first_unread} were not "
+                        f"account and took over 2s to read; the records of versions 1..{first_unread} were not "
                         "read)")
         handler.delay = 0.0  # a quick store: the whole walk, down to the weighing in version 1
         chain.asked.clear()
-        assert weighed_trust(chain, store, b"\xab" * 32, ME, RECORDS_READ, budget_s=1.0)[0] == 0.5
+        assert weighed_trust(chain, store, b"\xab" * 32, ME, RECORDS_READ, budget_s=2.0)[0] == 0.5
         assert len(chain.asked) == RECORDS_READ
