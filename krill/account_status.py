@@ -40,6 +40,9 @@ Design decisions:
   that keeps no index. A PostgreSQL index is opened with libpq's `connect_timeout` (`INDEX_CONNECT_S`)
   unless the URL sets one: without it a server that accepts the connection and never answers held
   status for good (and a host whose packets are dropped for the kernel's two minutes).
+- The readable table says which block the index was read to when figures come from it: the rows
+  labelled "index" (verdict counts, the coordinator's decisions) are as of that block, and a stale
+  index showed its old counts as current (a verifier's "0 passing" beside five attestations).
 - Earnings without an index are summed from the account's `RewardCredited`/`BountyCredited`
   events since the deploy block: slower on a long chain, but exact. With an index, its tally covers
   the blocks before its cursor and the events from the cursor to the head are added: an index
@@ -67,6 +70,7 @@ NOT_WEIGHED = "none (the coordinator weighs workers' contributions, not verifier
 RECORD_WAIT_S = 5.0      # the most status waits for one record, whatever the store's own timeout
 RECORDS_BUDGET_S = 15.0  # no further record is asked for once the walk has taken this long
 INDEX_CONNECT_S = 5      # connect_timeout of a PostgreSQL index whose URL sets none
+INDEX_BEHIND = 100       # blocks behind the head from which the status table suggests syncing the index
 
 
 @dataclass
@@ -352,6 +356,11 @@ def render(s: AccountStatus) -> list[tuple[str, str]]:
     ]
     if s.run is not None:
         rows.append(("run", f"{s.run['id'][:16]}… latest version {s.run['latest_version']}"))
+    if s.index == "index" and s.index_block is not None:
+        behind = max(0, s.head_block - (s.index_block - 1))
+        rows.append(("index", f"read to block {s.index_block - 1} ({behind} behind the head): the figures marked "
+                              "index are as of that block" + ("" if behind < INDEX_BEHIND else
+                                                               ": `krill index sync` brings them up to date")))
     return rows
 
 

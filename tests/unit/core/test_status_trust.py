@@ -232,3 +232,17 @@ def test_commits_with_no_coordinator_decision_in_the_index_are_counted_not_hidde
                                "none of the coordinator's decisions on the run: an index synced from the chain has "
                                "none)")
     assert (other["undecided"], _undecided(other)) == (0, "")  # another run's: none of these commits
+
+
+def test_the_table_says_which_block_the_index_figures_are_from(world):
+    """Before: nothing in the table said the index was read to block 99 with the head at 600, so its verdict counts
+    read as current (a verifier's "0 passing" beside five attestations of its own)."""
+    rows = dict(render(_status(world)))
+    assert rows["index"] == ("read to block 99 (501 behind the head): the figures marked index are as of that block: "
+                             "`krill index sync` brings them up to date")
+    status = _status(world, role="verifier")
+    status.head_block = 120
+    assert dict(render(status))["index"] == "read to block 99 (21 behind the head): the figures marked index are as " \
+                                            "of that block"
+    status.index, status.index_block = "unknown (no index)", None
+    assert "index" not in dict(render(status))
