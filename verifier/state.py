@@ -27,6 +27,12 @@ Design decisions:
 - The file never proves the chain state: before attesting, the loop also asks the contract
   whether this verifier already attested (the crash window between a mined attest and the row
   update), so restarts never attest twice even if the file is older than the chain.
+- Readers that are not the verifier (`krill verifier status`) open the file read-only
+  (`open_read_only`): no schema script, migration, journal-mode change or identity row, and a busy
+  wait of `READ_WAIT_S`. Opened for writing, status ran all of those on a running verifier's file
+  (an older release's file was migrated under it) and its `BEGIN IMMEDIATE` waited the writer's
+  30 s busy timeout behind any write transaction, then failed with "database is locked". A WAL
+  reader does not wait for a writer; an older release's file is read as it is (`counts`).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ CREATE INDEX IF NOT EXISTS commits_status ON commits (status, commit_id);
 """
 # Columns added after the first release of the file, added in place to older files (all nullable).
 ADDED_COLUMNS = (("corroborates", "TEXT"), ("failing_evidence", "TEXT"), ("origin", "TEXT"))
+READ_WAIT_S = 2.0  # the most a read-only opener (status) waits on the file's locks
 # The integer columns' bounds: SQLite's INTEGER is signed 64-bit; the nonce is the contract's uint64.
 INT64_END, UINT64_END = 2**63, 2**64
 
@@ -130,6 +137,27 @@ class VerifierState:
                 elif row[0] != value:
                     raise ConfigError(f"verifier state {self.path} belongs to {key} {row[0]}, not {value}: "
                                       "point verifier.state_dir elsewhere")
+
+    @classmethod
+    def open_read_only(cls, path: Path | str, *, contract: str, run_id: bytes, verifier: str,
+                       wait_s: float = READ_WAIT_S) -> VerifierState:
+        """The existing state file at `path`, opened for reading only (see the module docstring): nothing is
+        written to it, and a lock is waited on for `wait_s` at most (`sqlite3.OperationalError` after that).
+        `ConfigError` if its identity rows name another contract, run or verifier; the writing methods fail."""
+        state = cls.__new__(cls)
+        state.path = Path(path)
+        state._db = sqlite3.connect(f"{state.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                    timeout=wait_s)
+        try:
+            identity = {"contract": contract.lower(), "run_id": run_id.hex(), "verifier": verifier.lower()}
+            for key, value in state._db.execute("SELECT key, value FROM meta WHERE key IN (?, ?, ?)", tuple(identity)):
+                if value != identity[key]:
+                    raise ConfigError(f"verifier state {state.path} belongs to {key} {value}, not {identity[key]}: "
+                                      "point verifier.state_dir elsewhere")
+        except BaseException:
+            state._db.close()
+            raise
+        return state
 
     @staticmethod
     def path_for(directory: Path, *, contract: str, run_id: bytes) -> Path:
@@ -269,11 +297,17 @@ class VerifierState:
             out["passed" if ok else "failed"] = out.get("passed" if ok else "failed", 0) + n
         out.setdefault("passed", 0)
         out.setdefault("failed", 0)
-        row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(ok = 0), 0) FROM commits WHERE status = ? AND origin = ?",
-                               (ATTESTED, CORROBORATING)).fetchone()
-        out["corroborated"], out["corroborated_failed"] = int(row[0]), int(row[1])
-        out["corroborating"] = self._db.execute("SELECT COUNT(*) FROM commits WHERE status = ? AND corroborates IS NOT "
-                                                "NULL", (PENDING,)).fetchone()[0]
+        # An older release's file read as it is (`open_read_only`) lacks the later columns: none of its commits
+        # was replayed to corroborate.
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(commits)")}
+        out["corroborated"] = out["corroborated_failed"] = out["corroborating"] = 0
+        if "origin" in columns:
+            row = self._db.execute("SELECT COUNT(*), COALESCE(SUM(ok = 0), 0) FROM commits WHERE status = ? "
+                                   "AND origin = ?", (ATTESTED, CORROBORATING)).fetchone()
+            out["corroborated"], out["corroborated_failed"] = int(row[0]), int(row[1])
+        if "corroborates" in columns:
+            out["corroborating"] = self._db.execute("SELECT COUNT(*) FROM commits WHERE status = ? AND corroborates "
+                                                    "IS NOT NULL", (PENDING,)).fetchone()[0]
         return out
 
 

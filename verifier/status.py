@@ -8,10 +8,16 @@ Design decisions:
   The index, when there is one, adds what the chain recorded of its attestations, a check that
   the two agree.
 - Status needs no password (the keystore's public address) and opens the state file only if it
-  exists, so it never leaves an empty one behind.
+  exists, so it never leaves an empty one behind. It opens it read-only
+  (`VerifierState.open_read_only`): it never writes to a running verifier's file, and a lock it
+  cannot get within `READ_WAIT_S` makes the attestations "unknown" with the reason, not a
+  failure. Opened for writing, status waited 30 s behind the verifier's write transaction and
+  then failed with sqlite's "database is locked".
 """
 
 from __future__ import annotations
+
+import sqlite3
 
 from krill.config import KrillConfig
 
@@ -28,11 +34,15 @@ def _local(config: KrillConfig, address: str, run_id: bytes | None) -> dict | No
     if not path.exists():
         return {"attested": 0, "passed": 0, "failed": 0, "skipped": 0, "missed": 0, "error": 0, "pending": 0,
                 "corroborated": 0, "corroborated_failed": 0, "corroborating": 0, "cursor": None, "state": None}
-    state = VerifierState.for_run(directory, contract=contract, run_id=run_id, verifier=address)
     try:
-        return state.counts() | {"cursor": state.cursor(), "state": str(state.path)}
-    finally:
-        state.close()
+        state = VerifierState.open_read_only(path, contract=contract, run_id=run_id, verifier=address)
+        try:
+            return state.counts() | {"cursor": state.cursor(), "state": str(state.path)}
+        finally:
+            state.close()
+    except sqlite3.Error as exc:
+        # Deliberately tolerated: status still reports the chain's figures; the next status reads again.
+        return {"state": str(path), "unreadable": f"{type(exc).__name__}: {exc}"}
 
 
 def verifier_status(config: KrillConfig):
@@ -56,6 +66,8 @@ def verifier_status(config: KrillConfig):
         rows.append(("attestations", "unknown (run.id is not set)"))
         status.hints.append("set run.id in the config to see this run's attestations "
                             "(`krill verifier init` finds it)")
+    elif "unreadable" in local:
+        rows.append(("attestations", f"unknown (state file {local['state']} unreadable now: {local['unreadable']})"))
     else:
         rows.append(("attestations", f"{local['attested']} attested: {local['passed']} passed, {local['failed']} "
                      f"failed; {local['skipped']} not selected, {local['missed']} missed, {local['error']} errors, "
