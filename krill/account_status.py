@@ -47,6 +47,9 @@ Design decisions:
   events since the deploy block: slower on a long chain, but exact. With an index, its tally covers
   the blocks before its cursor and the events from the cursor to the head are added: an index
   synced a while ago showed its old total as the earnings (10 KRILL earned beside 30 claimable).
+  The tally and the cursor are read in one statement, not the cursor when the index is opened: an
+  indexer running meanwhile (the coordinator syncs its index every pass) moved both, and the credits
+  between the two cursors were counted twice (50 KRILL earned of 30).
 - Amounts are exact decimal strings of tokens in the JSON form (no float rounding, no integers
   beyond what JavaScript reads exactly).
 - Each status also carries `hints`: the next command for every state that needs one (not staked,
@@ -276,23 +279,28 @@ def account_status(config: KrillConfig, role: str, chain, address: str, index: I
     `index` when it is there."""
     from sqlalchemy import select
 
-    from krill.db.models import Participant
+    from krill.db.models import IndexMeta, Participant
 
     info = chain.stake_of(address)
     head = chain.block_number()
     minimum = chain.minimum_stake(role_code(role))
     run = check_run(chain, run_id) if run_id is not None else None
     earned = claimed = verdicts = None
+    cursor = index.next_block
     if role == "worker":
         trust, trust_note, trust_weighed = _worker_trust(config, chain, store, run_id, address, run)
     else:
         trust, trust_note, trust_weighed = None, NOT_WEIGHED, None
     if index.db is not None:
         with index.db.session() as session:
-            row = session.scalars(select(Participant).where(Participant.address == address.lower())).first()
+            # One statement: the tally and the cursor it is as of (module docstring, on earnings).
+            read = session.execute(select(IndexMeta.next_block, Participant).select_from(IndexMeta)
+                                   .outerjoin(Participant, Participant.address == address.lower())).first()
+        row = None if read is None else read[1]
+        if read is not None:
+            cursor = read[0]
         if row is not None:
-            later_earned, later_claimed = (0, 0) if index.next_block is None else \
-                _earned_from_chain(chain, address, index.next_block)
+            later_earned, later_claimed = (0, 0) if cursor is None else _earned_from_chain(chain, address, cursor)
             earned = row.rewards_credited + row.bounties_credited + later_earned
             claimed = row.claimed + later_claimed
             verdicts = {"passed": row.checks_passed, "failed": row.checks_failed}
@@ -303,7 +311,7 @@ def account_status(config: KrillConfig, role: str, chain, address: str, index: I
         release_block=info.release_block, head_block=head, jailed=info.jailed, minimum=minimum,
         eligible=chain.is_eligible(address, role_code(role)), claimable=chain.claimable_of(address), earned=earned,
         claimed=claimed, trust=trust, trust_note=trust_note, index=index.note if index.db is None else "index",
-        index_block=index.next_block, run=run, trust_weighed=trust_weighed, verdicts=verdicts)
+        index_block=cursor, run=run, trust_weighed=trust_weighed, verdicts=verdicts)
     status.hints = hints(status)
     return status
 

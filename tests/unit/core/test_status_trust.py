@@ -246,3 +246,32 @@ def test_the_table_says_which_block_the_index_figures_are_from(world):
                                             "of that block"
     status.index, status.index_block = "unknown (no index)", None
     assert "index" not in dict(render(status))
+
+
+def test_earnings_are_not_counted_twice_when_the_index_moves_on_while_status_runs(world):
+    """Before: the cursor was the one read when the index was opened (block 100), the tally the one read after
+    the chain's figures; the coordinator's indexer applied the reward of 20 at block 150 in between (it syncs
+    every pass), so the tally held it and the chain's credits from block 100 added it again: 50 KRILL earned of
+    30. The tally and its cursor are now read together."""
+    from sqlalchemy import select
+
+    from krill.chain.events import RewardCredited
+    from krill.db.models import IndexMeta, Participant
+    from krill.testing.index_world import TOKEN
+
+    class _Syncing(_Chain):
+        def stake_of(self, address):  # the coordinator's pass lands while status reads the chain
+            with open_database(world.url) as db, db.write() as s:
+                s.scalars(select(Participant).where(Participant.address == world.honest)).one().rewards_credited \
+                    += 20 * TOKEN
+                s.scalars(select(IndexMeta)).one().next_block = 151
+            return super().stake_of(address)
+
+    chain = _Syncing({1: _record("bafkreimanifest1").digest})
+    chain.later = [RewardCredited(150, "0x" + "bb" * 32, 0, PROTOCOL, bytes.fromhex(world.run), 2, world.honest,
+                                  20 * TOKEN)]
+    with open_database(world.url, create=False) as db:
+        status = account_status(_config(world.path / "store"), "worker", chain, world.honest,
+                                Index(db, "index", 100), bytes.fromhex(world.run))
+    assert status.earned == 30 * TOKEN
+    assert status.index_block == 151  # the figures' block, not the one read at opening
