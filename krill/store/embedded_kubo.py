@@ -26,8 +26,17 @@ Design decisions:
 - An existing repo is reused (its identity and blocks persist across runs). Its config must be a
   Kubo config (`Identity` and `Addresses` objects) or opening it is a `StoreError` naming the file;
   a config that was JSON but not Kubo's was a bare `KeyError`. A repo left by a killed process
-  opens again (Kubo's repo lock is released with its process); one that another process holds
-  fails to start with a `StoreUnavailableError` saying so.
+  opens again (Kubo's repo lock is released with its process).
+- A repo whose lock (`repo.lock`, a POSIX record lock) another process holds fails to open with
+  `RepoInUseError` naming that process. The library's `RunNode` reports success there and starts
+  no node: the store used to open all the same, without a node (no peer id; every fetch failed at
+  once with "code -1", every pin too, bootstrap dials failed as "could not connect to any bootstrap
+  peer"), so a second role on one repo ran without serving anything. A start is therefore checked
+  by the node's peer id.
+- `RepoBlocksReader` reads the blocks already in a repo another process's node holds, straight from
+  its flatfs, verified like every read, without a node: nothing is fetched from the network and
+  nothing is written. Status (`krill.account_status`) reads a running worker's repo this way; a role
+  never does (it needs its node to serve what it publishes).
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import io
 import json
 import logging
 import os
+import struct
+import sys
 import tempfile
 import threading
 import uuid
@@ -84,6 +95,51 @@ def flatfs_key(cid: str) -> str:
     return base64.b32encode(b"\x12\x20" + digest).decode("ascii").rstrip("=")
 
 
+class RepoInUseError(StoreUnavailableError):
+    """Another process's Kubo node holds the repo (`holder`: its pid, when the lock names it)."""
+
+    def __init__(self, message: str, repo: Path, holder: int | None):
+        super().__init__(message)
+        self.repo = repo
+        self.holder = holder
+
+
+def repo_lock_holder(repo: Path) -> int | None:
+    """The pid of the process holding a POSIX write lock on `repo/repo.lock` (Kubo's repo lock), or None when
+    none does or this platform's `struct flock` is not known here. Only asks (`F_GETLK`): takes no lock, and
+    must not be called by a process whose own node holds `repo` (closing any descriptor of the file would
+    drop that process's POSIX locks on it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fd = os.open(Path(repo) / "repo.lock", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        import fcntl
+
+        layout = "hhqqi"  # Linux's struct flock: l_type, l_whence, l_start, l_len, l_pid
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(layout, answer)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
+
+
+def _flatfs_path(blocks: Path, cid: str) -> Path:
+    key = flatfs_key(cid)
+    return blocks / key[-3:-1] / f"{key}.data"
+
+
+def _check_sharding(repo: Path, blocks: Path) -> None:
+    sharding = (blocks / "SHARDING").read_text().strip() if (blocks / "SHARDING").exists() else ""
+    if sharding != FLATFS_SHARDING:
+        raise StoreError(f"IPFS repo {repo} uses blockstore sharding {sharding!r}; Krill writes "
+                         f"blocks for {FLATFS_SHARDING!r}, Kubo's default")
+
+
 MAX_DOWNLOADS = 64  # downloads waiting for content at once; more are refused as not found
 
 
@@ -116,11 +172,11 @@ class EmbeddedKuboStore(BlockBackedStore):
                 self._start(swarm_addresses or ["/ip4/127.0.0.1/tcp/0"])
             _open_repos[str(self.repo)] = _open_repos.get(str(self.repo), 0) + 1
         self._tmp.mkdir(exist_ok=True)
-        sharding = (self._blocks / "SHARDING").read_text().strip() if (self._blocks / "SHARDING").exists() else ""
-        if sharding != FLATFS_SHARDING:
+        try:
+            _check_sharding(self.repo, self._blocks)
+        except StoreError:
             self.close()
-            raise StoreError(f"IPFS repo {self.repo} uses blockstore sharding {sharding!r}; Krill writes "
-                             f"blocks for {FLATFS_SHARDING!r}, Kubo's default")
+            raise
         failures = [addr for addr in bootstrap or [] if not self.connect(addr, raise_on_failure=False)]
         if bootstrap and len(failures) == len(bootstrap):
             self.close()
@@ -155,7 +211,13 @@ class EmbeddedKuboStore(BlockBackedStore):
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
             out.write(json.dumps(config, indent=2))
         os.replace(tmp, config_path)
-        if self._kubo.RunNode(_c(self.repo)) < 0:
+        if self._kubo.RunNode(_c(self.repo)) < 0 or not _string(self._kubo.GetNodeID(_c(self.repo))):
+            with contextlib.suppress(Exception):
+                self._kubo.CleanupNode(_c(self.repo))
+            holder = repo_lock_holder(self.repo)
+            if holder is not None:
+                raise RepoInUseError(f"the IPFS repo {self.repo} is in use by another process (pid {holder} holds "
+                                     "its repo.lock): each process needs its own store.repo_path", self.repo, holder)
             raise StoreUnavailableError(f"Kubo could not start a node on {self.repo} (is another process "
                                         "using this repo? each process needs its own repo_path)")
 
@@ -185,8 +247,7 @@ class EmbeddedKuboStore(BlockBackedStore):
     # ------------------------------------------------------------------ blocks (Kubo's flatfs)
 
     def _block_path(self, cid: str) -> Path:
-        key = flatfs_key(cid)
-        return self._blocks / key[-3:-1] / f"{key}.data"
+        return _flatfs_path(self._blocks, cid)
 
     def _read_block(self, cid: str) -> bytes:
         try:
@@ -315,3 +376,36 @@ class EmbeddedKuboStore(BlockBackedStore):
                 return
             _open_repos.pop(str(self.repo), None)
             self._kubo.CleanupNode(_c(self.repo))
+
+
+class RepoBlocksReader(BlockBackedStore):
+    """The blocks already in the Kubo repo at `repo_path`, read from its flatfs without a node (see the module
+    docstring): for a repo another process's node holds. Reads are verified; nothing is fetched or written."""
+
+    def __init__(self, repo_path: Path | str, max_get_bytes: int = 1 << 30):
+        self.repo = Path(repo_path).expanduser().resolve()
+        self.max_get_bytes = int(max_get_bytes)
+        self._blocks = self.repo / "blocks"
+        _check_sharding(self.repo, self._blocks)
+
+    def _read_block(self, cid: str) -> bytes:
+        try:
+            return _flatfs_path(self._blocks, cid).read_bytes()
+        except FileNotFoundError:
+            raise ContentNotFoundError(f"{cid} is not among the blocks already in the IPFS repo {self.repo} "
+                                       "(read without a node: nothing is fetched from the network)") from None
+
+    def _write_block(self, cid: str, block: bytes) -> None:
+        raise StoreError(f"the blocks of the IPFS repo {self.repo} are open read-only here")
+
+    def has(self, cid: str) -> bool:
+        return _flatfs_path(self._blocks, normalize_cid(cid)).exists()
+
+    def pin(self, cid: str) -> None:
+        raise StoreError(f"the blocks of the IPFS repo {self.repo} are open read-only here")
+
+    def unpin(self, cid: str) -> None:
+        raise StoreError(f"the blocks of the IPFS repo {self.repo} are open read-only here")
+
+    def close(self) -> None:
+        pass
