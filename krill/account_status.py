@@ -16,6 +16,10 @@ Design decisions:
   `RECORDS_BUDGET_S` have passed; status then says which versions' records it could not read.
   At worst the walk takes `RECORDS_BUDGET_S + RECORD_WAIT_S`. A record that takes longer to find
   reads as unavailable, and the next status tries again.
+- An embedded-Kubo repo is held by the worker's own node while the worker runs (`RepoInUseError`):
+  status then reads the records among the blocks already in that repo, without a node
+  (`RepoBlocksReader`), and the trust row says so; a record the worker has not loaded reads as
+  unavailable. Before, status said "store unavailable" exactly while the worker ran.
 - The index's Beta tally over every verdict on the worker's commits (`Participant.trust`) is not
   shown as trust: the coordinator counts only verdicts of verifiers the commit's randomness drew,
   staked no later than the commit's block, on its run's commits, with its run's prior, so any
@@ -259,14 +263,22 @@ def _worker_trust(config: KrillConfig, chain, store, run_id: bytes | None, addre
     if store is not None:
         return weighed_trust(chain, store, run_id, address, run["latest_version"])
     from krill.store.base import open_store
+    from krill.store.embedded_kubo import RepoBlocksReader, RepoInUseError
 
+    source = ""
     try:
-        opened = open_store(_interactive(config.store))
+        try:
+            opened = open_store(_interactive(config.store))
+        except RepoInUseError as exc:  # the worker's node holds its repo: read the blocks already there
+            opened = RepoBlocksReader(exc.repo, max_get_bytes=config.store.max_get_bytes)
+            source = f" [read without a node from the blocks already in {exc.repo}, which pid {exc.holder}'s " \
+                     "node holds: nothing fetched from the network]"
     except KrillError as exc:
         # Deliberately tolerated, as an unreadable record is.
         return None, f"unknown (store unavailable: {str(exc).splitlines()[0][:120]})", None
     try:
-        return weighed_trust(chain, opened, run_id, address, run["latest_version"])
+        trust, note, where = weighed_trust(chain, opened, run_id, address, run["latest_version"])
+        return trust, note + source, where
     finally:
         opened.close()
 
