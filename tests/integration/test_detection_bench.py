@@ -1,16 +1,34 @@
-"""The detection benchmark's smoke size, through the real protocol: figures exist and make sense."""
+"""The detection benchmark's smoke size, through the real protocol: figures exist and make sense.
+
+The study is run once in the suite, as `krill bench robustness --tiny` runs it (its detection part),
+so this one run also checks how the robustness report embeds it (a run of its own cost about 90 s).
+"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from click.testing import CliRunner
 
-from krill.bench.detection import markdown, run_detection
+from krill.bench.detection import markdown
+from krill.commands.bench_cmd import bench
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-def test_tiny_detection_run_reports_every_attack(tmp_path):
-    result = run_detection("tiny", echo=lambda line: None, workdir=tmp_path)
+def test_tiny_robustness_run_reports_every_attack_of_the_detection_study(tmp_path, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the study makes its work directory
+    out = tmp_path / "out"
+    ran = CliRunner().invoke(bench, ["robustness", "--tiny", "--out", str(out)])
+    assert ran.exit_code == 0, ran.output
+    assert not list(scratch.glob("krill-detection-*"))  # its demos' chain and store data are removed
+    result = json.loads((out / "robustness-tiny.json").read_text())["detection"]
+    assert result["size"] == "tiny"
     attacks = result["attacks"]
     assert set(attacks) == {"honest", "forge-rewards", "cherry-pick"}
     assert attacks["honest"]["failed"] == 0 and attacks["honest"]["folded"] > 0, result
@@ -29,3 +47,4 @@ def test_tiny_detection_run_reports_every_attack(tmp_path):
         assert forged["caught_within"]["0.1"]["10"] == pytest.approx(1 - 0.9 ** 10)
     table = markdown(result)
     assert "| forge-rewards |" in table and "k=20" in table
+    assert "## Detection\n\n" + table.rstrip() in (out / "robustness-tiny.md").read_text()

@@ -3,7 +3,6 @@ import math
 import sys
 import types
 
-import pytest
 import torch
 from click.testing import CliRunner
 
@@ -84,19 +83,3 @@ def test_tiny_size_writes_every_figure(tmp_path, monkeypatch):
         assert heading in md
     for name in ("robustness-tiny.png", "robustness-tiny-timing.png", "robustness-tiny-staleness.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.slow
-def test_tiny_size_with_the_real_detection_study(tmp_path, monkeypatch):
-    import tempfile
-
-    detection = pytest.importorskip("krill.bench.detection")
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the study makes its work directory
-    result = CliRunner().invoke(bench, ["robustness", "--tiny", "--out", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    assert not list(scratch.glob("krill-detection-*"))  # its demos' chain and store data are removed
-    data = json.loads((tmp_path / "robustness-tiny.json").read_text())
-    assert data["detection"]["size"] == "tiny" and data["detection"]["attacks"]
-    assert "## Detection\n\n" + detection.markdown(data["detection"]).rstrip() in (tmp_path / "robustness-tiny.md").read_text()
