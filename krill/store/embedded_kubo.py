@@ -33,6 +33,8 @@ Design decisions:
   once with "code -1", every pin too, bootstrap dials failed as "could not connect to any bootstrap
   peer"), so a second role on one repo ran without serving anything. A start is therefore checked
   by the node's peer id.
+- Bootstrap peers are dialled at once, and the start waits for them `timeout_s` in all: one after
+  another, a peer that accepted TCP and never answered cost the library's dial timeout (~15 s) each.
 - `RepoBlocksReader` reads the blocks already in a repo another process's node holds, straight from
   its flatfs, verified like every read, without a node: nothing is fetched from the network and
   nothing is written. Status (`krill.account_status`) reads a running worker's repo this way; a role
@@ -51,6 +53,7 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,12 +180,33 @@ class EmbeddedKuboStore(BlockBackedStore):
         except StoreError:
             self.close()
             raise
-        failures = [addr for addr in bootstrap or [] if not self.connect(addr, raise_on_failure=False)]
+        failures = self._dial_bootstrap(list(bootstrap or []))
         if bootstrap and len(failures) == len(bootstrap):
             self.close()
             raise StoreUnavailableError(f"could not connect to any bootstrap peer: {', '.join(failures)}")
         for addr in failures:
             log.warning("embedded IPFS node could not connect to bootstrap peer %s", addr)
+
+    def _dial_bootstrap(self, peers: list[str]) -> list[str]:
+        """Dial `peers` at once, each in its own thread, waiting `timeout_s` in all; returns those not connected
+        by then (a dial still running goes on in the background). Dialled one after another, each peer that
+        accepted TCP and never answered cost the library's own dial timeout (about 15 s), so a bootstrap list
+        of four such peers held a start, and `krill worker status`, a minute whatever `timeout_s` said."""
+        done: dict[str, bool] = {}
+
+        def dial(addr: str) -> None:
+            try:
+                done[addr] = self.connect(addr, raise_on_failure=False)
+            except Exception:  # noqa: BLE001 - a dial that raised is one that failed; logged by the caller
+                done[addr] = False
+
+        threads = [threading.Thread(target=dial, args=(addr,), name="kubo-dial", daemon=True) for addr in peers]
+        deadline = time.monotonic() + self.timeout_s
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [addr for addr in peers if not done.get(addr, False)]
 
     def _start(self, swarm_addresses: list[str]) -> None:
         self.repo.mkdir(parents=True, exist_ok=True)
