@@ -2,7 +2,8 @@
 
 Anvil, the local store, SQLite, a coordinator, three workers (one forging its rewards) and a
 verifier checking every commit: the forger is detected, slashed and jailed; no honest worker is
-ever slashed or failed; versions are published and audited; a release is stored.
+ever slashed or failed; versions are published and audited; a release is stored. The run is the
+session's `short_demo` (tests/integration/conftest.py), which the explorer's browser tests walk too.
 """
 
 from __future__ import annotations
@@ -12,30 +13,12 @@ from sqlalchemy import select
 
 from krill.db.models import Commit, Slash, Verdict
 from krill.db.session import open_database
-from krill.demo.orchestrate import DemoConfig, run_demo
-from krill.model.build import TinyModelSpec, build_tiny_model
 
 pytestmark = pytest.mark.timeout(420)
 
 
-def test_forger_is_caught_and_honest_work_is_folded(tmp_path):
-    model_dir = tmp_path / "tiny"
-    build_tiny_model(seed=1, spec=TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64), directory=model_dir)
-    config = DemoConfig(workers=3, adversaries=1, verifiers=1, minutes=1.0, versions=200, shards=2, eval_every=5,
-                        model_dir=model_dir, release_eval_n=50, audit_last=1000,
-                        spec_overrides={"chain": {"check_probability_ppm": 1_000_000, "attestation_quorum": 1},
-                                        "version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 50})
-    lines: list[str] = []
-    pages: dict[str, str] = {}
-
-    def fetch_explorer(summary: dict) -> None:  # the explorer still serves the finished run here
-        import urllib.request
-
-        for path in ("", "api/participants"):
-            with urllib.request.urlopen(summary["explorer"] + path, timeout=10) as response:
-                pages[path] = response.read().decode()
-
-    summary = run_demo(config, tmp_path / "demo", echo=lines.append, on_summary=fetch_explorer)
+def test_forger_is_caught_and_honest_work_is_folded(short_demo):
+    summary, lines, pages = short_demo.summary, short_demo.lines, short_demo.pages
 
     assert summary["versions"] >= 2, lines
     by_behavior = {w["behavior"]: [] for w in summary["workers"]}
@@ -49,7 +32,7 @@ def test_forger_is_caught_and_honest_work_is_folded(tmp_path):
     assert "<svg" in pages[""] and forger["address"] in pages["api/participants"]
     assert summary["verifications"]["failed"] >= 1
 
-    with open_database(f"sqlite:///{tmp_path / 'demo' / 'krill.db'}") as db, db.session() as s:
+    with open_database(f"sqlite:///{short_demo.workdir / 'krill.db'}") as db, db.session() as s:
         failed_workers = set(s.scalars(select(Commit.worker).join(Verdict, Verdict.commit_id == Commit.commit_id)
                                        .where(Verdict.ok.is_(False))))
         slashed_workers = set(s.scalars(select(Slash.worker)))

@@ -1,9 +1,9 @@
 """The explorer in a real browser over the database of a real short run.
 
-A module fixture runs the demo recipe of test_demo_end_to_end (Anvil, local store, SQLite, a
-coordinator, three workers of which one forges its rewards, a verifier checking every commit) for
-about 45 s of training, audits its last versions, then serves `krill explorer` as its own
-process over that database and store. Debian's Chromium, driven by Playwright's sync API with
+The run is the session's `short_demo` (tests/integration/conftest.py: Anvil, local store, SQLite, a
+coordinator, three workers of which one forges its rewards, a verifier checking every commit, a
+minute of training, every version audited), which test_demo_end_to_end checks too; a module
+fixture serves `krill explorer` as its own process over that database and store. Debian's Chromium, driven by Playwright's sync API with
 `executable_path` (no browser download), walks the pages; screenshots go to
 test-artifacts/explorer/.
 """
@@ -20,9 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from krill.demo.orchestrate import DemoConfig, run_demo
-from krill.model.build import TinyModelSpec, build_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -43,20 +40,11 @@ def _require_browser():
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
+def demo_dir(short_demo):
     _require_browser()
-    root = tmp_path_factory.mktemp("explorer-demo")
-    model_dir = root / "tiny"
-    build_tiny_model(seed=1, spec=TinyModelSpec(hidden=32, layers=2, heads=2, intermediate=64), directory=model_dir)
-    config = DemoConfig(workers=3, adversaries=1, verifiers=1, minutes=0.75, versions=200, shards=2, eval_every=3,
-                        model_dir=model_dir, release=False, audit_last=2,
-                        spec_overrides={"chain": {"check_probability_ppm": 1_000_000, "attestation_quorum": 1},
-                                        "version": {"contributions": 2, "deadline_s": 5.0}, "eval_n": 20})
-    lines: list[str] = []
-    summary = run_demo(config, root / "demo", echo=lines.append)
-    assert summary["versions"] >= 2, lines
-    assert any(w["slashed"] for w in summary["workers"]), lines
-    return root / "demo"
+    assert short_demo.summary["versions"] >= 2, short_demo.lines
+    assert any(w["slashed"] for w in short_demo.summary["workers"]), short_demo.lines
+    return short_demo.workdir
 
 
 @pytest.fixture(scope="module")
