@@ -158,7 +158,9 @@ def open_session(config: KrillConfig, behavior_name: str, echo: Callable[[str], 
     run_id = run_id_of(config)
     identity = unlock_identity(config, prompt)
     backoff = Backoff(config.worker.poll_interval_s, config.worker.max_backoff_s, echo)
-    store = open_configured_store(config)
+    # A store not reachable yet (a Kubo daemon still starting; an embedded repo whose node another process
+    # holds for a while, as `krill worker status` does) is waited for, as the verifier's start does.
+    store = backoff.call(lambda: open_configured_store(config), "store (open)")
     chain = backoff.call(lambda: connect_chain(config, identity.account), "chain (connect)")
     spec = backoff.fetch(lambda: load_run(chain, store, run_id), "chain/store (run spec)")
     backoff.call(lambda: check_eligible(chain, identity.address, identity.ed25519_public_key), "chain (stake)")

@@ -212,3 +212,26 @@ def test_a_worker_jailed_mid_run_stops_at_the_next_version_without_committing_ag
     with pytest.raises(JailedError, match="is jailed"):
         raise raised[0]
     assert len(commits_of(env, run, JAILED_MID_RUN)) == 1
+
+
+def test_a_store_held_by_another_process_at_start_is_waited_for(worker_env, tmp_path, monkeypatch):
+    """An embedded Kubo repo whose node another process holds (`krill worker status` holds it a few
+    seconds) made `open_session` raise and the worker exit; the open is retried with the back-off."""
+    import krill.runtime as runtime
+    from krill.store.embedded_kubo import RepoInUseError
+
+    env = worker_env
+    run = env.new_run("store-held")
+    real_open, tries = runtime.open_configured_store, []
+
+    def held_once(config):
+        tries.append(1)
+        if len(tries) == 1:
+            raise RepoInUseError("the IPFS repo /r is in use by the Kubo node of process 4242", tmp_path, 4242)
+        return real_open(config)
+
+    monkeypatch.setattr(runtime, "open_configured_store", held_once)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    session, lines = _session(env, run, RESUMER, tmp_path / "state")
+    assert len(tries) == 2 and session.store is not None
+    assert any(line.startswith("store (open): unreachable (the IPFS repo /r is in use") for line in lines), lines
