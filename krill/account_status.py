@@ -271,7 +271,8 @@ def _worker_trust(config: KrillConfig, chain, store, run_id: bytes | None, addre
             opened = open_store(_interactive(config.store))
         except RepoInUseError as exc:  # the worker's node holds its repo: read the blocks already there
             opened = RepoBlocksReader(exc.repo, max_get_bytes=config.store.max_get_bytes)
-            source = f" [read without a node from the blocks already in {exc.repo}, which pid {exc.holder}'s " \
+            whose = f"pid {exc.holder}'s" if exc.holder is not None else "another process's"
+            source = f" [read without a node from the blocks already in {exc.repo}, which {whose} " \
                      "node holds: nothing fetched from the network]"
     except KrillError as exc:
         # Deliberately tolerated, as an unreadable record is.

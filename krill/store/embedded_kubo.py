@@ -32,7 +32,12 @@ Design decisions:
   no node: the store used to open all the same, without a node (no peer id; every fetch failed at
   once with "code -1", every pin too, bootstrap dials failed as "could not connect to any bootstrap
   peer"), so a second role on one repo ran without serving anything. A start is therefore checked
-  by the node's peer id.
+  by the node's peer id. A lock whose holder lives in a PID namespace this process cannot see (the
+  kernel names it pid 0) is in use all the same, its holder unknown: it read as free, and the open
+  failed as a node that would not start, which status does not read around. A start that fails
+  with the lock free says so and points at the swarm addresses (a port in use, an address that is
+  not a multiaddress): it used to ask whether another process used the repo, which the lock had
+  just answered, and a worker retries that open.
 - Bootstrap peers are dialled at once, and the start waits for them `timeout_s` in all: one after
   another, a peer that accepted TCP and never answered cost the library's dial timeout (~15 s) each.
 - `RepoBlocksReader` reads the blocks already in a repo another process's node holds, straight from
@@ -107,17 +112,20 @@ class RepoInUseError(StoreUnavailableError):
         self.holder = holder
 
 
-def repo_lock_holder(repo: Path) -> int | None:
-    """The pid of the process holding a POSIX write lock on `repo/repo.lock` (Kubo's repo lock), or None when
-    none does or this platform's `struct flock` is not known here. Only asks (`F_GETLK`): takes no lock, and
-    must not be called by a process whose own node holds `repo` (closing any descriptor of the file would
-    drop that process's POSIX locks on it)."""
+def repo_lock_state(repo: Path) -> tuple[bool, int | None]:
+    """(held, pid): whether another process holds a POSIX write lock on `repo/repo.lock` (Kubo's repo lock), and
+    its pid when the kernel names it. A holder in a PID namespace this process cannot see (a worker in one
+    container, status in another, on one volume) is answered with pid 0: held, pid unknown, not "free". (False,
+    None) when nothing holds it, the file is absent, or this platform's `struct flock` is not known here. Only
+    asks (`F_GETLK`): takes no lock, and must not be called by a process whose own node holds `repo` (closing
+    any descriptor of the file would drop that process's POSIX locks on it). A lock file left by a process that
+    died is held by nobody (the kernel drops a process's record locks with it)."""
     if not sys.platform.startswith("linux"):
-        return None
+        return False, None
     try:
         fd = os.open(Path(repo) / "repo.lock", os.O_RDONLY)
     except OSError:
-        return None
+        return False, None
     try:
         import fcntl
 
@@ -125,10 +133,18 @@ def repo_lock_holder(repo: Path) -> int | None:
         answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
         kind, _, _, _, pid = struct.unpack(layout, answer)
     except OSError:
-        return None
+        return False, None
     finally:
         os.close(fd)
-    return pid if kind != fcntl.F_UNLCK and pid > 0 else None
+    if kind == fcntl.F_UNLCK:
+        return False, None
+    return True, (pid if pid > 0 else None)
+
+
+def repo_lock_holder(repo: Path) -> int | None:
+    """The pid of the process holding `repo`'s lock (`repo_lock_state`), or None when none does or its pid is
+    not visible from here."""
+    return repo_lock_state(repo)[1]
 
 
 def _flatfs_path(blocks: Path, cid: str) -> Path:
@@ -238,12 +254,16 @@ class EmbeddedKuboStore(BlockBackedStore):
         if self._kubo.RunNode(_c(self.repo)) < 0 or not _string(self._kubo.GetNodeID(_c(self.repo))):
             with contextlib.suppress(Exception):
                 self._kubo.CleanupNode(_c(self.repo))
-            holder = repo_lock_holder(self.repo)
-            if holder is not None:
-                raise RepoInUseError(f"the IPFS repo {self.repo} is in use by another process (pid {holder} holds "
-                                     "its repo.lock): each process needs its own store.repo_path", self.repo, holder)
-            raise StoreUnavailableError(f"Kubo could not start a node on {self.repo} (is another process "
-                                        "using this repo? each process needs its own repo_path)")
+            held, holder = repo_lock_state(self.repo)
+            if held:
+                who = f"pid {holder}" if holder is not None else "a process not visible from here (another PID " \
+                                                                 "namespace: a container?)"
+                raise RepoInUseError(f"the IPFS repo {self.repo} is in use by another process ({who} holds its "
+                                     "repo.lock): each process needs its own store.repo_path", self.repo, holder)
+            raise StoreUnavailableError(f"Kubo could not start a node on {self.repo}, whose repo.lock no process "
+                                        "holds (so not another role on this repo): Kubo's log on stderr says why; "
+                                        "check store.swarm_addresses (a port another program listens on, an "
+                                        f"address that is not a multiaddress: {', '.join(swarm_addresses)})")
 
     # ------------------------------------------------------------------ peers
 

@@ -81,3 +81,50 @@ def test_the_blocks_of_a_held_repo_are_read_without_a_node(held, tmp_path):
     with pytest.raises(IntegrityError):  # verified like every read
         reader.get(block)
     reader.close()
+
+
+IN_OTHER_NAMESPACE = r"""
+import sys
+from krill.store.embedded_kubo import EmbeddedKuboStore, RepoInUseError
+try:
+    EmbeddedKuboStore(sys.argv[1], timeout_s=5)
+    print("opened")
+except RepoInUseError as exc:
+    print("RepoInUseError", exc.holder, exc)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_holder_in_a_pid_namespace_not_visible_here_still_holds_the_repo(held):
+    """A worker's node in one container, status in another on one volume: the kernel names the lock's holder pid 0.
+    Before: read as no holder, so the open failed as a node that would not start (not `RepoInUseError`, which
+    status reads around with `RepoBlocksReader`), asking whether another process used the repo."""
+    repo, _, _, _ = held
+    if subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare --pid (a new PID namespace) to hide the holder")
+    out = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", IN_OTHER_NAMESPACE, str(repo)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout.splitlines()
+    assert out and out[0].startswith("RepoInUseError None "), out
+    assert "a process not visible from here (another PID namespace" in out[0], out
+
+
+def test_a_start_that_fails_with_the_lock_free_points_at_the_swarm_addresses(tmp_path):
+    """Before: 'is another process using this repo?' for a swarm port another program listens on, which a worker
+    retries for ever; the lock had just said no process holds the repo."""
+    import socket
+
+    from krill.errors import StoreUnavailableError
+    from krill.store.embedded_kubo import EmbeddedKuboStore, RepoInUseError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        address = f"/ip4/127.0.0.1/tcp/{taken.getsockname()[1]}"
+        with pytest.raises(StoreUnavailableError) as caught:
+            EmbeddedKuboStore(tmp_path / "ipfs", swarm_addresses=[address], timeout_s=5)
+    assert not isinstance(caught.value, RepoInUseError)
+    message = str(caught.value)
+    assert "repo.lock no process holds" in message and "store.swarm_addresses" in message and address in message
+    assert "is another process using this repo" not in message

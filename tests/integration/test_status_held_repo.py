@@ -107,3 +107,25 @@ def test_status_reads_the_records_a_running_workers_node_holds(running_worker):
     assert status.trust_note.startswith("unknown (the record of version 2 is unavailable: ")
     assert " is not among the blocks already in " in status.trust_note
     assert status.trust_note.endswith(f"which pid {pid}'s node holds: nothing fetched from the network]")
+
+
+def test_a_held_repo_whose_holder_is_not_visible_is_read_all_the_same(running_worker, monkeypatch):
+    """The worker's node in a PID namespace status cannot see (`RepoInUseError` with no pid): the note said
+    "which pid None's node holds"."""
+    import krill.store.base
+    from krill.store.embedded_kubo import RepoInUseError
+
+    repo, _, digest, peer = running_worker
+
+    def held(config):
+        raise RepoInUseError("in use by a process not visible from here", repo.resolve(), None)
+
+    monkeypatch.setattr(krill.store.base, "open_store", held)
+    config = KrillConfig.model_validate({"store": {"type": "embedded-kubo", "repo_path": str(repo),
+                                                   "bootstrap": [peer], "timeout_s": 60}})
+    status = account_status(config, "worker", _Chain({1: digest}), ME, Index(None, "unknown (no index)"),
+                            b"\xab" * 32)
+    assert status.trust == 0.625
+    assert status.trust_note.endswith(f"[read without a node from the blocks already in {repo.resolve()}, which "
+                                      "another process's node holds: nothing fetched from the network]")
+    assert "None" not in status.trust_note
