@@ -32,7 +32,8 @@ Design decisions:
   wait of `READ_WAIT_S`. Opened for writing, status ran all of those on a running verifier's file
   (an older release's file was migrated under it) and its `BEGIN IMMEDIATE` waited the writer's
   30 s busy timeout behind any write transaction, then failed with "database is locked". A WAL
-  reader does not wait for a writer; an older release's file is read as it is (`counts`).
+  reader does not wait for a writer; an older release's file is read as it is (`counts`). Status
+  reads its figures in one read transaction (`snapshot`), as the running verifier moves them.
 """
 
 from __future__ import annotations
@@ -193,6 +194,16 @@ class VerifierState:
 
     def close(self) -> None:
         self._db.close()
+
+    def snapshot(self) -> dict[str, int | None]:
+        """`counts()` and the cursor (key `cursor`) as of one moment of the file: one read transaction. Read
+        statement by statement, another process's verifier attesting in between gave figures the file never
+        held ("1 attested: 2 passed")."""
+        self._db.execute("BEGIN")  # deferred: the read transaction starts at the first SELECT and waits on nothing
+        try:
+            return self.counts() | {"cursor": self.cursor()}
+        finally:
+            self._db.execute("COMMIT")
 
     # ------------------------------------------------------------------ cursor
 

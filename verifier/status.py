@@ -37,7 +37,7 @@ def _local(config: KrillConfig, address: str, run_id: bytes | None) -> dict | No
     try:
         state = VerifierState.open_read_only(path, contract=contract, run_id=run_id, verifier=address)
         try:
-            return state.counts() | {"cursor": state.cursor(), "state": str(state.path)}
+            return state.snapshot() | {"state": str(state.path)}
         finally:
             state.close()
     except sqlite3.Error as exc:

@@ -101,3 +101,34 @@ def test_the_read_only_state_refuses_another_verifiers_file_and_writes(tmp_path)
             reader.add_jobs([_job(1)], 5)
     finally:
         reader.close()
+
+
+def test_status_figures_are_read_in_one_snapshot(tmp_path, monkeypatch):
+    """The verifier attests a commit and moves its cursor while status reads: before, each figure was its own
+    statement, so status showed '1 attested: 2 passed' and a cursor newer than its counts."""
+    state = VerifierState.for_run(tmp_path, contract=CONTRACT, run_id=RUN, verifier=ME)
+    state.add_jobs([_job(1), _job(2)], 20)
+    state.finish(1, "attested", ok=True, origin="selected")
+    opened = VerifierState.open_read_only.__func__
+    statements: list[str] = []
+
+    def hooked(cls, *args, **kwargs):
+        reader = opened(cls, *args, **kwargs)
+
+        def between(sql: str) -> None:  # the running verifier writes as status starts its second read
+            if not sql.startswith(("BEGIN", "COMMIT")):
+                statements.append(sql)
+                if len(statements) == 2:
+                    state.finish(2, "attested", ok=True, origin="selected")
+                    state.add_jobs([], 30)
+
+        reader._db.set_trace_callback(between)
+        return reader
+
+    monkeypatch.setattr(VerifierState, "open_read_only", classmethod(hooked))
+    try:
+        local = _local(_config(tmp_path), ME, RUN)
+        assert state.counts()["attested"] == 2  # the write did happen while status read
+        assert (local["attested"], local["pending"], local["passed"], local["cursor"]) == (1, 1, 1, 20)
+    finally:
+        state.close()
