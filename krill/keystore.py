@@ -212,6 +212,10 @@ def unlock(path: Path, password: str) -> Identity:
         raise KeystoreError(f"keystore {path}: malformed ethereum section ({exc})") from None
     except (KeyError, TypeError, AttributeError) as exc:  # a section missing its fields
         raise KeystoreError(f"keystore {path}: malformed ethereum section (missing or wrong {exc})") from None
+    except NotImplementedError:  # eth-keyfile reads versions 3 and 4 only; any other escaped as a traceback
+        version = doc["ethereum"].get("version") if isinstance(doc["ethereum"], dict) else None
+        raise KeystoreError(f"keystore {path}: malformed ethereum section (unsupported keystore version "
+                            f"{version!r}; expected 3)") from None
     account = Account.from_key(private_key)
     signing_key = SigningKey(_open_seed(doc["ed25519"], password, path))
     if account.address != doc["address"] or bytes(signing_key.verify_key).hex() != doc["ed25519_public_key"]:

@@ -87,3 +87,15 @@ def test_keys_list_skips_a_keystore_whose_public_fields_are_not_strings(tmp_path
     assert [i.path for i in list_keystores(tmp_path)] == [good.path]
     result = CliRunner().invoke(cli, ["keys", "list", "--dir", str(tmp_path)], env={"KRILL_CONFIG": None})
     assert result.exit_code == 0 and "good" in result.output and result.exception is None, result.output
+
+
+@pytest.mark.parametrize("version", [99, "3", None])
+def test_unsupported_ethereum_keystore_version_is_a_keystore_error(tmp_path, version):
+    # eth-keyfile raises NotImplementedError for a version other than 3 or 4: it escaped `unlock` as a traceback
+    # out of every command that opens the keystore (`krill worker claim`, `krill keys show --unlock`).
+    info = create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    doc = json.loads(info.path.read_text())
+    doc["ethereum"]["version"] = version
+    info.path.write_text(json.dumps(doc))
+    with pytest.raises(KeystoreError, match=rf"{info.path}: malformed ethereum section \(unsupported keystore version"):
+        unlock(info.path, "pw")
