@@ -14,10 +14,13 @@ from pathlib import Path
 
 import click
 
+from krill.commands.bench_cmd import output_dir
+
 
 @click.command("aggregate")
 @click.option("--tiny", is_flag=True, help="A smoke size: small shards, two draws per agreement cell (seconds).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              callback=output_dir,
               show_default=True, help="Directory for aggregate.json, aggregate.md and aggregate.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (progress goes to stderr).")
 def aggregate(tiny: bool, out_dir: Path, as_json: bool) -> None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import click
 
+from krill.commands.bench_cmd import output_dir
+
 SHARED_CORES = 0.25  # other processes' mean CPU use (cores) above which a run counts as shared
 
 
@@ -232,6 +234,7 @@ def plot(r: dict, path: Path) -> Path:
 @click.option("--tiny", "size", flag_value="tiny",
               help="A smoke size on a tiny random model (seconds; TRL only when installed).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              callback=output_dir,
               show_default=True, help="Directory for rl.json, rl.md and rl.png.")
 @click.option("--seeds", type=click.IntRange(1, 100), default=None, help="Seeds per side (default: the size's).")
 @click.option("--seconds", type=click.FloatRange(min=1.0), default=None,

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import click
 
+from krill.commands.bench_cmd import output_dir
+
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
@@ -187,6 +189,7 @@ def run_detection_part(size: str, echo) -> dict:
 @click.option("--full", "size", flag_value="full", help="The whole grid: every attack x fraction x rule (hours).")
 @click.option("--tiny", "size", flag_value="tiny", help="A smoke size on a tiny random model (seconds, plus the detection study's own smoke size).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              callback=output_dir,
               show_default=True, help="Directory for robustness.json, robustness.md and the PNG plots.")
 @click.option("--skip-detection", is_flag=True, help="Leave out the detection study (it runs whole demos); noted in the output.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (progress goes to stderr).")

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import click
 
+from krill.commands.bench_cmd import output_dir
+
 
 @click.command("verify")
 @click.option("--tiny", is_flag=True, help="A smoke size: tiny random model, 2 workers, 45 s of training.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+              callback=output_dir,
               show_default=True, help="Directory for verify.json, verify.md and verify.png.")
 @click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run the demo in this directory and keep it (default: a temporary one, removed).")
