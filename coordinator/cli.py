@@ -35,7 +35,9 @@ from krill.commands.context import current_config
 
 
 def _shards(text: str | None) -> list[int] | None:
-    """`--shards 0,1`, refused as `coordinator.shards` is (`krill.config`): a shard named twice, or none."""
+    """`--shards 0,1`, refused as `coordinator.shards` is (`krill.config`): a shard named twice, a negative
+    one, or none. (A negative one was let through and refused only once the run was opened, so against a
+    chain that was down the coordinator waited on it, with back-off, before saying so.)"""
     if text is None:
         return None
     try:
@@ -44,9 +46,30 @@ def _shards(text: str | None) -> list[int] | None:
         raise click.BadParameter(f"{text!r}: expected shard numbers separated by commas, e.g. 0,1") from None
     if not shards:
         raise click.BadParameter(f"{text!r}: must name at least one shard (leave it out for all)")
+    if any(s < 0 for s in shards):
+        raise click.BadParameter(f"{text!r}: shard numbers start at 0, got {sorted(s for s in shards if s < 0)}")
     if len(set(shards)) != len(shards):
         raise click.BadParameter(f"{text!r}: names a shard twice: {sorted({s for s in shards if shards.count(s) > 1})}")
     return sorted(shards)
+
+
+def _fund(text: str | None) -> int | None:
+    """`--fund TOKENS` as base units: a finite number of tokens, 0 or more, with at most 18 decimals. It was a
+    float: `nan` and `inf` crashed with a traceback (after the keystore was unlocked), and a negative amount
+    created the run unfunded, exit status 0, reporting the negative figure as funded."""
+    from decimal import Decimal, InvalidOperation
+
+    from krill.coordinator.create_run import TOKEN
+
+    if text is None:
+        return None
+    try:
+        value = Decimal(text.strip()) * TOKEN
+    except (InvalidOperation, ArithmeticError):
+        raise click.BadParameter(f"{text!r} is not a number of tokens (e.g. 20000 or 12.5)") from None
+    if not value.is_finite() or value < 0 or value != value.to_integral_value():
+        raise click.BadParameter(f"{text!r}: expected a number of tokens, 0 or more, with at most 18 decimals")
+    return int(value)
 
 
 @contextlib.contextmanager
@@ -94,12 +117,13 @@ def coordinator() -> None:
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="TOML overrides of the run spec.")
 @click.option("--model", "model_dir", type=click.Path(file_okay=False), help="Local HF model directory "
               "(default: the built-in base model, built on first use).")
-@click.option("--fund", type=float, default=None, help="Reward tokens to fund (default: 100 versions' rewards).")
+@click.option("--fund", metavar="TOKENS", default=None, callback=lambda ctx, param, value: _fund(value),
+              help="Reward tokens to fund, e.g. 20000 or 12.5; 0: none (default: 100 versions' rewards).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON description instead of the run id.")
-def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir: str | None, fund: float | None,
+def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir: str | None, fund: int | None,
                    as_json: bool) -> None:
     """Publish the base model and run spec, create the run on-chain and fund its rewards."""
-    from krill.coordinator.create_run import TOKEN, check_spec, create_run, read_spec_file
+    from krill.coordinator.create_run import check_spec, create_run, read_spec_file
     from krill.runtime import connect_chain, open_configured_store, unlock_identity
 
     config = current_config()
@@ -114,7 +138,7 @@ def create_run_cmd(name: str, num_shards: int, spec_file: str | None, model_dir:
     chain = connect_chain(config, identity.account)
     with open_configured_store(config) as store:
         created = create_run(chain, store, model_dir, name=name, num_shards=num_shards, overrides=overrides,
-                             fund=None if fund is None else int(round(fund * TOKEN)), source=source)
+                             fund=fund, source=source)
     click.echo(json.dumps(created.to_json(), sort_keys=True) if as_json else created.run_id)
 
 
