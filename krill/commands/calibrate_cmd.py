@@ -18,6 +18,8 @@ from pathlib import Path
 
 import click
 
+from krill.commands.context import output_file
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -72,6 +74,7 @@ def _print(console, table: dict) -> None:
 
 @click.command("calibrate")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("calibration.toml"),
+              callback=output_file,
               show_default=True, help="Where to write the table (TOML).")
 @click.option("--checks", type=click.IntRange(1, 1_000_000), default=1000, show_default=True,
               help="At least this many honest checks (one stage comparison of one replayed contribution).")
@@ -84,7 +87,7 @@ def _print(console, table: dict) -> None:
               help="torch thread counts, for producer and replayer each.")
 @click.option("--versions", type=click.IntRange(1, 20), default=3, show_default=True,
               help="Model versions per run spec (each folded from the previous one's honest gradients).")
-@click.option("--records", "records_path", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--records", "records_path", type=click.Path(dir_okay=False, path_type=Path), callback=output_file,
               help="Also write every check's figures as JSON lines here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON instead of a readable summary.")
 def calibrate(out: Path, checks: int, model_dir: Path | None, task_name: str | None, batches: str, codecs: str,

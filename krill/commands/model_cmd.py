@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from krill.commands.context import output_folder
+
 
 @click.group()
 def model() -> None:
@@ -20,7 +22,7 @@ def model() -> None:
 
 
 @model.command("init")
-@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None, callback=output_folder,
               help="Also copy the model directory here.")
 @click.option("--force", is_flag=True, help="Rebuild even if a cached build exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the build record as JSON.")

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import click
 
+from krill.commands.context import output_folder
+
 
 def _audited_line(report, last: int) -> None:
     verdict = f"all {len(report.checks)} checks match" if report.ok else f"{len(report.failures)} MISMATCH"
@@ -30,6 +32,7 @@ def _audited_line(report, last: int) -> None:
 @click.command("release")
 @click.option("--version", "version", required=True, type=click.IntRange(0, None), help="Published version to release.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              callback=output_folder,
               help="Directory to write the model into (created if missing).")
 @click.option("--eval-n", type=click.IntRange(1, 100_000), default=None,
               help="Held-out prompts to evaluate on [default: the run spec's eval_n, 500].")

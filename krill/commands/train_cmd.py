@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from krill.commands.context import output_file
+
 
 @click.group("train")
 def train() -> None:
@@ -50,6 +52,7 @@ def train() -> None:
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="torch CPU threads (0: torch's default, one per core).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=output_file,
               help="Write the summary JSON here and the learning curve PNG beside it.")
 def local(model_dir: Path | None, task: str, workers: int, prompts_per_worker: int, group_size: int,
           max_staleness: int, staleness_weight: str, stale_gradients: bool, minutes: float, versions: int | None, lr: float,
