@@ -22,6 +22,9 @@ def read_password(password_file: str | None, *, confirm: bool = False) -> str:
             return Path(password_file).read_text(encoding="utf-8").rstrip("\n")
         except OSError as exc:
             raise KeystoreError(f"cannot read password file {password_file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # it escaped as a traceback
+            raise KeystoreError(f"password file {password_file} is not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
     secret = current_config().keystore.password
     if secret is not None:
         return secret.get_secret_value()

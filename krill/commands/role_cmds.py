@@ -37,6 +37,9 @@ def _read_password(password_file: str | None, confirm: bool) -> str:
             return Path(password_file).read_text(encoding="utf-8").rstrip("\n")
         except OSError as exc:
             raise KeystoreError(f"cannot read password file {password_file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # it escaped as a traceback
+            raise KeystoreError(f"password file {password_file} is not UTF-8 text ({exc.reason} at byte "
+                                f"{exc.start})") from None
     # The configuration's, as for every other command: KRILL_KEYSTORE__PASSWORD, `--set keystore.password=...`
     # or the config file's (reading the variable alone ignored the other two).
     secret = current_config().keystore.password
