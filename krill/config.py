@@ -59,7 +59,9 @@ def krill_home() -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # `nan` and `inf` are refused as such: bounded fields refused them with "should be less than or equal to
+    # 300", which sends a reader who wrote `nan` looking for a value over the bound.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def _check_shards(value: list[int] | None) -> list[int] | None:
