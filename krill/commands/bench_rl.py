@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from krill.commands.bench_cmd import output_dir
+from krill.commands.context import FiniteFloatRange
 
 SHARED_CORES = 0.25  # other processes' mean CPU use (cores) above which a run counts as shared
 
@@ -237,7 +238,7 @@ def plot(r: dict, path: Path) -> Path:
               callback=output_dir,
               show_default=True, help="Directory for rl.json, rl.md and rl.png.")
 @click.option("--seeds", type=click.IntRange(1, 100), default=None, help="Seeds per side (default: the size's).")
-@click.option("--seconds", type=click.FloatRange(min=1.0), default=None,
+@click.option("--seconds", type=FiniteFloatRange(min=1.0), default=None,
               help="Training seconds per run (default: the size's).")
 @click.option("--threads", type=click.IntRange(0, 256), default=None,
               help="torch CPU threads per run (default 1; 0: torch's default, one per core).")

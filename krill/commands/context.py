@@ -7,10 +7,13 @@ Design decisions:
   first (`output_file`, `output_folder`): a path through a file, or a folder it cannot write in, used to
   fail only at the end, with a traceback, after the work was done and lost. The check makes nothing (a
   release whose audit fails writes nothing); it walks up to the nearest part of the path that exists.
+- `FiniteFloatRange` is click's `FloatRange` less `nan`, which passes every bound check (each comparison with
+  it is false): `--poll nan` reached `time.sleep`, `--lr nan` the optimizer.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -52,3 +55,13 @@ def output_folder(ctx: click.Context, param: click.Parameter, value: Path | str 
     if value is not None:
         _check_can_make(Path(value), Path(value))
     return value
+
+
+class FiniteFloatRange(click.FloatRange):
+    """`click.FloatRange` that also refuses `nan` and infinities."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import click
 
+from krill.commands.context import FiniteFloatRange
+
 
 @click.command()
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also write the summary JSON here.")
-@click.option("--minutes", type=click.FloatRange(0.1, 600), default=12.0, show_default=True,
+@click.option("--minutes", type=FiniteFloatRange(0.1, 600), default=12.0, show_default=True,
               help="Training time budget after set-up.")
 @click.option("--versions", type=click.IntRange(1), default=400, show_default=True, help="Version budget.")
 @click.option("--workers", type=click.IntRange(1, 16), default=4, show_default=True, help="Worker processes.")

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 
 import click
 
-from krill.commands.context import current_config
+from krill.commands.context import FiniteFloatRange, current_config
 
 
 def _open(stack: ExitStack, with_store: bool = True, rebuilding: bool = False):
@@ -59,7 +59,7 @@ def index() -> None:
 
 @index.command("sync")
 @click.option("--follow", is_flag=True, help="Keep indexing new blocks until interrupted.")
-@click.option("--poll", "poll_s", type=click.FloatRange(0.05, 3600), default=None,
+@click.option("--poll", "poll_s", type=FiniteFloatRange(0.05, 3600), default=None,
               help="Seconds between passes with --follow (default: chain.poll_interval_s).")
 @click.option("--no-store", is_flag=True, help="Index chain events only; leave headers and manifests pending.")
 @click.option("--json", "as_json", is_flag=True, help="Print each pass as a JSON line.")

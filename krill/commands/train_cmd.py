@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from krill.commands.context import output_file
+from krill.commands.context import FiniteFloatRange, output_file
 
 
 @click.group("train")
@@ -34,11 +34,11 @@ def train() -> None:
 @click.option("--staleness-weight", type=click.Choice(["none", "inverse", "exp"]), default="inverse", show_default=True)
 @click.option("--stale-gradients", is_flag=True,
               help="Apply each version's contributions one version later, as a pipelined protocol run does.")
-@click.option("--minutes", type=click.FloatRange(min=0.01), default=10.0, show_default=True,
+@click.option("--minutes", type=FiniteFloatRange(min=0.01), default=10.0, show_default=True,
               help="Training time budget (ignored when --versions is given).")
 @click.option("--versions", type=click.IntRange(min=1), default=None, help="Stop after this many versions.")
-@click.option("--lr", type=click.FloatRange(min=1e-8, max=1.0), default=1.5e-4, show_default=True)
-@click.option("--density", type=click.FloatRange(min=1e-4, max=1.0), default=0.25, show_default=True,
+@click.option("--lr", type=FiniteFloatRange(min=1e-8, max=1.0), default=1.5e-4, show_default=True)
+@click.option("--density", type=FiniteFloatRange(min=1e-4, max=1.0), default=0.25, show_default=True,
               help="Fraction of gradient coordinates sent (shared mask).")
 @click.option("--dense-versions", type=click.IntRange(min=0), default=0, show_default=True,
               help="The first versions send every coordinate (4x the bytes of a 25% int8 mask), then the shared mask.")
