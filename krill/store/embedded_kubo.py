@@ -225,7 +225,11 @@ class EmbeddedKuboStore(BlockBackedStore):
         return [addr for addr in peers if not done.get(addr, False)]
 
     def _start(self, swarm_addresses: list[str]) -> None:
-        self.repo.mkdir(parents=True, exist_ok=True)
+        try:
+            self.repo.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, or no permission: name the setting, no traceback
+            raise StoreError(f"cannot use {self.repo} as the IPFS repo (store.repo_path): "
+                             f"{exc.strerror or exc}") from exc
         config_path = self.repo / "config"
         if not config_path.exists() and self._kubo.CreateRepo(_c(self.repo)) < 0:
             raise StoreError(f"Kubo could not create an IPFS repo at {self.repo}")

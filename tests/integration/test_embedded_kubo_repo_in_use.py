@@ -128,3 +128,14 @@ def test_a_start_that_fails_with_the_lock_free_points_at_the_swarm_addresses(tmp
     message = str(caught.value)
     assert "repo.lock no process holds" in message and "store.swarm_addresses" in message and address in message
     assert "is another process using this repo" not in message
+
+
+def test_a_repo_path_through_a_file_is_a_store_error_naming_the_setting(tmp_path):
+    """`store.repo_path` naming a file (or a folder under one) escaped as FileExistsError from the repo's
+    mkdir, a traceback out of every command that opens the store."""
+    from krill.store.embedded_kubo import EmbeddedKuboStore
+
+    (tmp_path / "afile").write_text("not a folder")
+    for repo in (tmp_path / "afile", tmp_path / "afile" / "ipfs"):
+        with pytest.raises(StoreError, match=r"store\.repo_path"):
+            EmbeddedKuboStore(repo, timeout_s=5)
