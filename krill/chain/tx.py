@@ -361,6 +361,10 @@ class Transactor:
             pass  # no effect but its fee: once more, on the state that outgrew its estimate (module docstring)
         tx["gas"] = self._estimate(probe, what)
         tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
+        # With fees read afresh: the first send may have been replaced with raised fees as the base fee
+        # rose (`_replace`), and the fees it was built with may be under the base fee by now.
+        self.forget_fees()
+        tx.update(self._fees())
         return self._sign_send_wait(tx, what)
 
     def _estimate(self, probe: dict, what: str) -> int:

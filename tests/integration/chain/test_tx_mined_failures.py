@@ -113,3 +113,40 @@ def test_a_transaction_out_of_gas_twice_is_raised_as_out_of_gas(staked, monkeypa
     with pytest.raises(TransactionOutOfGas, match="ran out of gas"):
         env.coordinator.slash(cid)
     assert len(estimates) == 2 and not env.admin.commit_of(cid).slashed
+
+
+def test_a_resend_after_out_of_gas_reads_the_fees_again(staked, monkeypatch):
+    """The resend after an out-of-gas failure was signed with the fees the first send was built with; had
+    the base fee risen past them meanwhile (the first send may even have been replaced with raised fees),
+    the node refused it with a raw error instead of the write being sent once more."""
+    env = staked
+    if env.backend != "anvil":
+        pytest.skip("the in-process chain gives every transaction 10M gas")
+    cid = env.at(env.WORKERS[0]).commit(RUN_ID, 0, 0, digest("forged")).event(Committed).commit_id
+    for v in (5, 6):
+        env.at(v).attest(cid, False, digest(f"evidence {v}"))
+    ours = env.coordinator._tx
+    estimates, fees = [], []
+    sign = ours.account.sign_transaction
+
+    def signed(tx):
+        fees.append(tx["maxFeePerGas"])
+        return sign(tx)
+
+    def too_little(probe, what):
+        estimates.append(what)
+        if len(estimates) == 2:  # the first send ran out of gas: the base fee has risen far since it was built
+            env.w3.provider.make_request("anvil_setNextBlockBaseFeePerGas", [hex(20 * fees[0])])
+            env.w3.provider.make_request("evm_mine", [])
+        return 60_000  # far too little
+
+    monkeypatch.setattr(ours, "_gas_limit", too_little)
+    monkeypatch.setattr(ours.account, "sign_transaction", signed)
+    rpc = env.w3.provider.make_request
+    base = int(rpc("eth_feeHistory", ["0x1", "latest", []])["result"]["baseFeePerGas"][-1], 16)
+    try:
+        with pytest.raises(TransactionOutOfGas, match="ran out of gas"):  # sent twice, out of gas twice
+            env.coordinator.slash(cid)
+    finally:  # a snapshot's revert keeps Anvil's base fee: the session's later tests need the old one
+        rpc("anvil_setNextBlockBaseFeePerGas", [hex(base)])
+    assert len(estimates) == 2 and len(fees) == 2 and fees[1] > 20 * fees[0]
