@@ -100,13 +100,20 @@ def test_a_slash_that_ran_out_of_gas_as_more_verdicts_landed_ahead_of_it_is_sent
     assert [b.verifier for b in receipt.events_of(BountyCredited)] == [env.addr(v) for v in verifiers]
 
 
-def test_a_transaction_out_of_gas_twice_is_raised_as_out_of_gas(staked, monkeypatch):
-    env = staked
+def _commit_at_failing_quorum(env) -> int:
+    """A commit the quorum (verifiers 5 and 6) failed, due for a slash; on Anvil only, as a slash sent with
+    too little gas must fail there."""
     if env.backend != "anvil":
         pytest.skip("the in-process chain gives every transaction 10M gas")
     cid = env.at(env.WORKERS[0]).commit(RUN_ID, 0, 0, digest("forged")).event(Committed).commit_id
     for v in (5, 6):
         env.at(v).attest(cid, False, digest(f"evidence {v}"))
+    return cid
+
+
+def test_a_transaction_out_of_gas_twice_is_raised_as_out_of_gas(staked, monkeypatch):
+    env = staked
+    cid = _commit_at_failing_quorum(env)
     ours = env.coordinator._tx
     estimates = []
     monkeypatch.setattr(ours, "_gas_limit", lambda probe, what: estimates.append(what) or 60_000)  # far too little
@@ -120,11 +127,7 @@ def test_a_resend_after_out_of_gas_reads_the_fees_again(staked, monkeypatch):
     the base fee risen past them meanwhile (the first send may even have been replaced with raised fees),
     the node refused it with a raw error instead of the write being sent once more."""
     env = staked
-    if env.backend != "anvil":
-        pytest.skip("the in-process chain gives every transaction 10M gas")
-    cid = env.at(env.WORKERS[0]).commit(RUN_ID, 0, 0, digest("forged")).event(Committed).commit_id
-    for v in (5, 6):
-        env.at(v).attest(cid, False, digest(f"evidence {v}"))
+    cid = _commit_at_failing_quorum(env)
     ours = env.coordinator._tx
     estimates, fees = [], []
     sign = ours.account.sign_transaction
