@@ -97,12 +97,17 @@ def test_a_commit_whose_receipt_timed_out_waits_for_its_block_instead_of_logging
     contributor.chain._tx.receipt_timeout_s = 0.5  # stands for the 120 s default on a congested chain
     pending, header = _save(contributor, 0, b"slow receipt")
     w3 = env.w3
+    done = threading.Event()
 
     def mine_once_it_waits() -> None:
+        """Blocks come back once the worker says it waits for one, and keep coming until `submit` returns:
+        a single block mined before the worker reads the head it waits past would leave it waiting for ever
+        (automine mines only on a transaction, and none comes)."""
         try:
             waiting.wait(60)  # the retry's estimate refused the commit against the pending block
+            while not done.wait(0.1):
+                w3.provider.make_request("evm_mine", [])
         finally:
-            w3.provider.make_request("evm_mine", [])
             w3.provider.make_request("evm_setAutomine", [True])
 
     w3.provider.make_request("evm_setAutomine", [False])
@@ -112,8 +117,10 @@ def test_a_commit_whose_receipt_timed_out_waits_for_its_block_instead_of_logging
         outcome = contributor.submit(pending, header, {}, {}, time.perf_counter(), resumed=False)
     finally:
         waiting.set()
+        done.set()
         miner.join(10)
-    assert waiting.is_set() and any("not in the chain after 0.5 seconds" in line for line in lines)
+    assert any("waiting for the next block" in line for line in lines)
+    assert any("not in the chain after 0.5 seconds" in line for line in lines)
     commit_id = contributor.chain.commit_id_by_digest(bytes.fromhex(pending.digest))
     assert (outcome.status, outcome.commit_id) == (COMMITTED, commit_id) and commit_id
     assert contributor.chain.commit_of(commit_id).worker == contributor.chain.sender
