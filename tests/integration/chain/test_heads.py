@@ -25,6 +25,16 @@ def test_ws_url_of_http_urls():
     assert ws_url_of(None) is None and ws_url_of("ipc:///tmp/x") is None
 
 
+def _wait_queued(waiter: HeadWaiter, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until `count` messages are in the waiter's connection, read off the socket and not yet taken
+    (the websockets client's reader thread queues them; a sleep instead is too short on a loaded machine)."""
+    frames = waiter._ws.recv_messages.frames
+    deadline = time.monotonic() + timeout_s
+    while frames.qsize() < count:
+        assert time.monotonic() < deadline, f"{frames.qsize()} of {count} announcements arrived in {timeout_s} s"
+        time.sleep(0.01)
+
+
 def test_a_block_wakes_the_waiter_at_once_and_piled_up_announcements_wake_it_once(node):
     w3 = connect_http(node.rpc_url)
     waiter = HeadWaiter(node.rpc_url)
@@ -33,12 +43,12 @@ def test_a_block_wakes_the_waiter_at_once_and_piled_up_announcements_wake_it_onc
         started = time.monotonic()
         assert waiter.wait(0.05) is False and time.monotonic() - started < 1.0  # nothing mined: the timeout
         timer = threading.Timer(0.2, lambda: mine(w3, 1))
+        started = time.monotonic()  # before the timer starts: a pause between the two cannot shorten the wait
         timer.start()
-        started = time.monotonic()
         assert waiter.wait(10.0) is True
         assert 0.15 < time.monotonic() - started < 5.0 and waiter.announced == 1
         mine(w3, 3)
-        time.sleep(0.2)  # three announcements arrive
+        _wait_queued(waiter, 3)  # the three announcements have arrived, however slowly the client reads them
         assert waiter.wait(1.0) is True
         assert waiter.wait(0.1) is False  # drained: one wake-up for the three
     finally:
