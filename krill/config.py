@@ -101,6 +101,16 @@ class ChainConfig(_Section):
     request_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one JSON-RPC request.")
     retries: int = Field(5, ge=0, le=50, description="Retries of a transient RPC failure, with exponential back-off.")
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often to poll for new blocks and receipts.")
+    receipt_timeout_s: float = Field(120.0, gt=0, le=3600, description=(
+        "How long a write waits for its receipt (fee replacements included) before it fails as not in the chain; "
+        "the role's loop then retries it."))
+    fee_bump_after_s: float = Field(30.0, gt=0, le=3600, description=(
+        "A write still pending this long since it was last sent is sent again under its nonce with fees raised by "
+        "12.5% (its tip too low); one the base fee outgrew is replaced at once."))
+    fee_bump_cap_factor: float = Field(4.0, ge=1, le=100, description=(
+        "A replacement's maxFeePerGas stays under this multiple of the write's first maxFeePerGas."))
+    fee_bump_cap_gwei: float | None = Field(None, gt=0, le=1e9, description=(
+        "When set, a replacement's maxFeePerGas stays under this many gwei instead of the multiple above."))
 
     def confirmations_on(self, chain_id: int, window_blocks: int | None = None) -> int:
         """`confirmations`, or its default on chain `chain_id` where unset: a role that knows the run's

@@ -6,6 +6,9 @@ Design decisions:
   `krill devnet up` or set chain.protocol_address; no run id -> set run.id; chain unreachable ->
   name the URL; no contract at the address -> say so at connect (one `eth_getCode`), before a
   call decodes the empty answer as a traceback or `krill index sync` indexes an empty address.
+- Each role's writes follow its own `chain.*` send settings (`send_policy_of`: receipt timeout, when
+  and how far a pending write's fees are raised), since a coordinator that must publish in time and a
+  worker on a small stake price their gas differently; every client of the role shares them.
 - A database that cannot be opened (server down, wrong password, no such driver, a SQLite folder
   that cannot be made) is one `DatabaseError` line naming the URL with its password hidden
   (`database_errors`), for every command that opens one, as the explorer already did.
@@ -27,9 +30,10 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 
-from krill.config import KrillConfig, krill_home
+from krill.config import ChainConfig, KrillConfig, krill_home
 from krill.errors import ChainUnavailableError, ConfigError, KeystoreError, WrongPasswordError
 
 
@@ -50,6 +54,16 @@ def unlock_identity(config: KrillConfig, prompt: Callable[[], str] | None = None
         raise WrongPasswordError(f"wrong password for keystore {path} (from {source}): use the password the keystore "
                                  "was made with, or point keystore.path at another keystore; "
                                  "`krill keys show --unlock` tries a password") from None
+
+
+def send_policy_of(chain: ChainConfig):
+    """The `SendPolicy` a role's `chain.*` settings give its writes (receipt timeout, fee replacements)."""
+    from krill.chain.tx import FeeBumpPolicy, SendPolicy
+
+    cap_wei = None if chain.fee_bump_cap_gwei is None else int(Decimal(repr(chain.fee_bump_cap_gwei)) * 10**9)
+    return SendPolicy(receipt_timeout_s=chain.receipt_timeout_s,
+                      bump=FeeBumpPolicy(after_s=chain.fee_bump_after_s, cap_factor=chain.fee_bump_cap_factor,
+                                         cap_wei=cap_wei))
 
 
 def connect_chain(config: KrillConfig, account=None, *, address_from: str = "chain.protocol_address"):
@@ -81,7 +95,7 @@ def connect_chain(config: KrillConfig, account=None, *, address_from: str = "cha
                           f"{config.chain.rpc_url} (chain id {chain_id}): check {address_from} (the KrillProtocol "
                           "address the run's operator published; a fresh `krill devnet up` writes it to its config) "
                           "and that the chain is the run's")
-    return KrillChain(w3, config.chain.protocol_address, account, retry)
+    return KrillChain(w3, config.chain.protocol_address, account, retry, send_policy_of(config.chain))
 
 
 def open_configured_store(config: KrillConfig):

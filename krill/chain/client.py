@@ -24,7 +24,7 @@ from krill.chain.errors import ChainInputError
 from krill.chain.events import ChainEvent, EventStream
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy, connect_http, endpoint_of, mine, with_retries
 from krill.chain.token import TokenClient
-from krill.chain.tx import Receipt, Transactor
+from krill.chain.tx import DEFAULT_SEND, Receipt, SendPolicy, Transactor
 from krill.chain.types import Role, RunParams, to_bytes32, to_uint
 from krill.chain.view_codec import function_codecs
 from krill.chain.views import ProtocolViews
@@ -34,19 +34,20 @@ class KrillChain(ProtocolViews):
     """KrillProtocol at `protocol_address`, acting as `account` (None: read-only)."""
 
     def __init__(self, w3: Web3, protocol_address: str, account: LocalAccount | None = None,
-                 retry: RetryPolicy = DEFAULT_RETRY):
+                 retry: RetryPolicy = DEFAULT_RETRY, send: SendPolicy = DEFAULT_SEND):
         self.w3 = w3
         self.address = Web3.to_checksum_address(protocol_address)
         self._retry = retry
+        self._send_policy = send
         self._contract = w3.eth.contract(address=self.address, abi=list(load_artifact("KrillProtocol").abi))
-        self._tx = Transactor(w3, account, retry)
+        self._tx = Transactor(w3, account, retry, send)
         self._token: TokenClient | None = None
 
     @classmethod
     def connect(cls, rpc_url: str, protocol_address: str, account: LocalAccount | None = None,
-                retry: RetryPolicy = DEFAULT_RETRY) -> KrillChain:
+                retry: RetryPolicy = DEFAULT_RETRY, send: SendPolicy = DEFAULT_SEND) -> KrillChain:
         """A client over HTTP JSON-RPC."""
-        return cls(connect_http(rpc_url), protocol_address, account, retry)
+        return cls(connect_http(rpc_url), protocol_address, account, retry, send)
 
     @property
     def account(self) -> LocalAccount | None:
@@ -59,7 +60,7 @@ class KrillChain(ProtocolViews):
 
     def as_account(self, account: LocalAccount) -> KrillChain:
         """The same protocol acting as another account (shares connection and nonce book)."""
-        other = KrillChain(self.w3, self.address, account, self._retry)
+        other = KrillChain(self.w3, self.address, account, self._retry, self._send_policy)
         other._token = self._token.as_account(account) if self._token is not None else None
         return other
 
@@ -67,7 +68,8 @@ class KrillChain(ProtocolViews):
     def token(self) -> TokenClient:
         """The stake token, acting as the same account."""
         if self._token is None:
-            self._token = TokenClient(self.w3, self.token_address(), self._tx.account, self._retry)
+            self._token = TokenClient(self.w3, self.token_address(), self._tx.account, self._retry,
+                                      self._send_policy)
         return self._token
 
     def reset_nonces(self) -> None:

@@ -12,7 +12,7 @@ from web3 import Web3
 
 from krill.chain.artifacts import load_artifact
 from krill.chain.rpc import DEFAULT_RETRY, RetryPolicy
-from krill.chain.tx import Receipt, Transactor
+from krill.chain.tx import DEFAULT_SEND, Receipt, SendPolicy, Transactor
 from krill.chain.types import to_bytes32, to_uint
 from krill.chain.view_codec import function_codecs, view_codecs
 
@@ -21,16 +21,17 @@ class TokenClient:
     """KrillToken at `address`, acting as `account` (None: read-only)."""
 
     def __init__(self, w3: Web3, address: str, account: LocalAccount | None = None,
-                 retry: RetryPolicy = DEFAULT_RETRY):
+                 retry: RetryPolicy = DEFAULT_RETRY, send: SendPolicy = DEFAULT_SEND):
         self.w3 = w3
         self.address = Web3.to_checksum_address(address)
         self._contract = w3.eth.contract(address=self.address, abi=list(load_artifact("KrillToken").abi))
-        self._tx = Transactor(w3, account, retry)
+        self._tx = Transactor(w3, account, retry, send)
         self._retry = retry
+        self._send_policy = send
 
     def as_account(self, account: LocalAccount) -> TokenClient:
-        """The same token acting as another account (shares the nonce book)."""
-        return TokenClient(self.w3, self.address, account, self._retry)
+        """The same token acting as another account (shares the nonce book and the send policy)."""
+        return TokenClient(self.w3, self.address, account, self._retry, self._send_policy)
 
     def _send(self, name: str, *args) -> Receipt:
         return self._tx.transact(self.address, function_codecs("KrillToken")[name].calldata(args), name)

@@ -138,6 +138,18 @@ class FeeBumpPolicy:
 DEFAULT_BUMP = FeeBumpPolicy()
 
 
+@dataclass(frozen=True)
+class SendPolicy:
+    """How one account's writes are sent: one object per role (`chain.*` in its config, `krill.runtime`)."""
+
+    receipt_timeout_s: float = 120.0  # no receipt after this long (replacements included): `ReceiptTimeout`
+    gas_margin: float = 1.2  # the gas limit is the estimate times this, plus 10,000
+    bump: FeeBumpPolicy = DEFAULT_BUMP
+
+
+DEFAULT_SEND = SendPolicy()
+
+
 def _raised(fee: int) -> int:
     """`fee` raised by the least a replacement needs (rounded up)."""
     return -(-fee * BUMP_NUMERATOR // BUMP_DENOMINATOR)
@@ -225,13 +237,14 @@ class Transactor:
     """Sends transactions and calls for one account on one chain connection."""
 
     def __init__(self, w3: Web3, account: LocalAccount | None, retry: RetryPolicy = DEFAULT_RETRY,
-                 receipt_timeout_s: float = 120.0, gas_margin: float = 1.2, bump: FeeBumpPolicy = DEFAULT_BUMP):
+                 policy: SendPolicy = DEFAULT_SEND):
         self.w3 = w3
         self.account = account
         self.retry = retry
-        self.receipt_timeout_s = receipt_timeout_s
-        self.gas_margin = gas_margin
-        self.bump = bump
+        self.policy = policy
+        self.receipt_timeout_s = policy.receipt_timeout_s
+        self.gas_margin = policy.gas_margin
+        self.bump = policy.bump
         self.nonces = nonce_book(w3)
         self._endpoint = endpoint_of(w3)
         self._in_process = is_in_process(w3)

@@ -8,7 +8,7 @@ import pytest
 from web3.exceptions import TimeExhausted, TransactionIndexingInProgress
 
 from krill.chain.rpc import connect_in_process, dev_account
-from krill.chain.tx import Transactor
+from krill.chain.tx import SendPolicy, Transactor
 
 
 def test_receipt_of_a_mined_transfer_is_returned():
@@ -29,7 +29,7 @@ def test_a_transaction_never_mined_times_out_naming_it():
     from krill.chain.tx import ReceiptTimeout
     from krill.errors import ChainError, ChainUnavailableError, KrillError
 
-    tx = Transactor(connect_in_process(accounts=1), dev_account(0), receipt_timeout_s=0.1)
+    tx = Transactor(connect_in_process(accounts=1), dev_account(0), policy=SendPolicy(receipt_timeout_s=0.1))
     started = time.monotonic()
     with pytest.raises(ReceiptTimeout, match=r"commit: transaction 0x(ab){32} is not in the chain after 0.1 seconds") \
             as caught:
@@ -49,7 +49,7 @@ def test_a_send_whose_receipt_never_comes_raises_the_krill_timeout_and_forgets_t
 
     w3 = connect_in_process(accounts=2)
     sender, receiver = dev_account(0), dev_account(1)
-    tx = Transactor(w3, sender, receipt_timeout_s=0.05)
+    tx = Transactor(w3, sender, policy=SendPolicy(receipt_timeout_s=0.05))
 
     def never_mined(tx_hash):
         raise TransactionNotFound(f"transaction {tx_hash!r} not found")
