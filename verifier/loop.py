@@ -307,7 +307,7 @@ class VerifierLoop:
                                   until=select.unavailable_after(job.commit_block, self.window))
                 return
             try:
-                result = self.replayer.replay(job, randomness, shard=named)
+                result = self.replayer.replay(job, randomness, shard=named, wait_s=self._fetch_wait(job))
             except PayloadUnavailable as exc:
                 head = self._head()
                 # A fetch still running is slow, not known missing: it gets longer (`select` explains).
@@ -363,7 +363,8 @@ class VerifierLoop:
 
         cid, store, key = digest_to_cid(job.failing_evidence), self.store, job.commit_id
         if self._evidence.submit((job.corroborates or "").lower(), key, lambda: load_evidence(store, cid)):
-            self._evidence.wait([key], PASS_WAIT_S)
+            deadline = select.unavailable_after(job.commit_block, self.window)
+            self._evidence.wait([key], self._capped(PASS_WAIT_S, deadline, 0.0))
         fetched = self._evidence.take(key)
         evidence, why, final = None, "", True
         if fetched is None:
@@ -411,6 +412,18 @@ class VerifierLoop:
             return delay
         return min(delay, max(floor, self._pace.block_seconds() / 4, left / 2))
 
+    def _fetch_wait(self, job: Job) -> float:
+        """How long a replay of `job` may wait for its payload fetches: `PASS_WAIT_S`, capped like every other
+        wait by the block the commit waits for (the point where a fetch still running is given up on, or once
+        the head is there, the window's last block but one). At 0.5 s a block `PASS_WAIT_S` is four blocks: a
+        replay begun a block before `still_fetching_until` on a window of 8 ended past the window's close."""
+        from krill.store.fetcher import PASS_WAIT_S
+
+        until, head = select.still_fetching_until(job.commit_block, self.window), self._pace.head()
+        if head is not None and head >= until:
+            until = select.last_block(job.commit_block, self.window) - 1
+        return self._capped(PASS_WAIT_S, until, 0.0)
+
     def _retry_later(self, job: Job, why: str, announce: bool = False, until: int | None = None) -> None:
         """Try `job` again after a doubling delay, waking before the head reaches `until` (default: the window's
         last block but one, the last head a transaction sent still lands from); say why the first time
@@ -431,7 +444,7 @@ class VerifierLoop:
         last head a transaction sent still lands from) that even the slow estimate does not put behind."""
         now, pace = time.monotonic(), self._pace
         ends = sorted({select.last_block(job.commit_block, self.window) - 1 for job in self.state.pending()})
-        ahead = [end for end in ends if (pace.seconds_until(end, now, slow=True) or 0.0) > 0]
+        ahead = [end for end in ends if (left := pace.seconds_until(end, now, slow=True)) is None or left > 0]
         if not ahead:
             return delay
         return self._capped(delay, ahead[0], self.settings.poll_interval_s)
@@ -505,8 +518,13 @@ class HeadPace:
     errs slow makes a capped wait oversleep a deadline, and one that errs fast only wakes the
     loop sooner. A head seen standing still for longer than that block time (a devnet between
     transactions, a stalled chain) stretches it to that long. Whether a deadline has passed unseen (an
-    outage) is the one question where erring fast is the risk: `slow` answers it with twice the
-    block time from the newest head's first read."""
+    outage) is the one question where erring fast is the risk: `slow` answers it from the newest head's
+    first read with twice that block time, or with the slowest block time the reads allow if that is
+    more (the blocks after the oldest head but one appeared after the read before the first move and
+    by the newest head's first read). Twice the fast estimate alone was no bound: a head that moved
+    once, several blocks between two reads (a first replay of 3 s, say), gives a fast estimate of 0,
+    every window looked closed, the back-off after an outage went uncapped and slept past the window.
+    None where the reads set no such bound yet (the head has not moved two blocks): not known passed."""
 
     SPAN = 32
 
@@ -518,6 +536,10 @@ class HeadPace:
         if not self._moves or head > self._moves[-1][2]:
             self._moves.append((now if self._read_at is None else self._read_at, now, head))
         self._read_at = now
+
+    def head(self) -> int | None:
+        """The highest head read so far; None before the first read."""
+        return self._moves[-1][2] if self._moves else None
 
     def block_seconds(self) -> float | None:
         """The estimated block time; None until the head was seen to move."""
@@ -534,7 +556,10 @@ class HeadPace:
             return None
         before, first_read, last = self._moves[-1]
         if slow:
-            return first_read + (block - last) * 2 * seconds - now
+            first, after = self._moves[0][2], self._moves[1][0]  # the oldest head; the read before the first move
+            upper = (first_read - after) / (last - first - 1) if last - first >= 2 else 0.0
+            seconds = max(2 * seconds, upper)
+            return None if seconds <= 0 else first_read + (block - last) * seconds - now
         return before + (block - last) * seconds - now
 
 

@@ -23,7 +23,8 @@ Design decisions:
   and a drawn commit of junk used to hold the verifier that long on every retry until the last
   quarter of the window, while the commits it should check waited; a fetch still running raises
   `PayloadStillFetching` (a `PayloadUnavailable` the loop waits longer for, `select.still_fetching_until`)
-  and is taken by a later retry; a version, tokenizer or
+  and is taken by a later retry. The loop may give a replay less (`wait_s`, its block deadline: at 0.5 s
+  a block `PASS_WAIT_S` is four blocks), and all of one replay's fetch waits share that one allowance; a version, tokenizer or
   shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
   never attested), whatever the reason: a store fault, or a manifest, record, shard or mask blob
   that fails to parse (`PayloadError`, `ModelError`). Such an error raised while a stage first
@@ -228,6 +229,7 @@ class Replayer:
         self.contract = chain.address.lower()
         self.policies = Policies(chain, store, spec)
         self._fetcher = Fetcher()  # payload fetches, one lane per worker (krill.store.fetcher)
+        self._fetch_until = 0.0  # when the replay under way stops waiting for its fetches (`replay`'s `wait_s`)
 
     def warm_up(self) -> float:
         """Load the run's latest version, its model and engine, the tokenizer, the task and the masks
@@ -252,13 +254,13 @@ class Replayer:
 
     def _fetch(self, job: Job, cid: str, cap: int, name: str) -> bytes:
         """`cid`'s bytes, fetched on the fetch threads in the lane of `job`'s worker; PayloadUnavailable while
-        the fetch is still running after `PASS_WAIT_S` (the loop retries the commit later and takes it then)."""
-        from krill.store.fetcher import PASS_WAIT_S
+        the fetch is still running when the replay's wait allowance is spent (the loop retries the commit later
+        and takes it then)."""
         from krill.store.unixfs import ObjectTooLargeError
 
         key, store = (job.commit_id, name, cid), self.store
         if self._fetcher.submit(job.worker.lower(), key, lambda: store.get(cid, max_bytes=cap)):
-            self._fetcher.wait([key], PASS_WAIT_S)
+            self._fetcher.wait([key], max(0.0, self._fetch_until - time.monotonic()))
         fetched = self._fetcher.take(key)
         if fetched is None:
             raise PayloadStillFetching(f"{name} ({cid}): still being fetched")
@@ -273,14 +275,19 @@ class Replayer:
 
     # ------------------------------------------------------------------ the replay
 
-    def replay(self, job: Job, randomness: bytes, shard: int | None = None) -> ReplayResult:
+    def replay(self, job: Job, randomness: bytes, shard: int | None = None,
+               wait_s: float | None = None) -> ReplayResult:
         """Every check on `job`, cheapest first; raises PayloadUnavailable / RunDataUnavailable to retry.
 
         `shard`: recompute this gradient shard too (the one a failing verdict being corroborated names), before
-        the drawn one, if the contribution carries it; the result names the last shard recomputed."""
+        the drawn one, if the contribution carries it; the result names the last shard recomputed. `wait_s`: the
+        longest the replay waits for its payload fetches, all of them together (default `PASS_WAIT_S`)."""
         from krill.payload.contribution import ExpectedContext
         from krill.protocol.work import run_codec
         from krill.store.cid import digest_to_cid
+        from krill.store.fetcher import PASS_WAIT_S
+
+        self._fetch_until = time.monotonic() + (PASS_WAIT_S if wait_s is None else wait_s)
 
         spec, limits, run = self.spec, self.spec.limits, _Run()
         learner_state = self.policies.state(job.version)

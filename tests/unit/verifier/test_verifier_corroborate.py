@@ -134,7 +134,7 @@ class FakeReplayer:
     def forget_fetches(self, commit_id):
         pass
 
-    def replay(self, job, randomness, shard=None):
+    def replay(self, job, randomness, shard=None, wait_s=None):
         FakeReplayer.shards.append(shard)
         if FakeReplayer.ok:
             return ReplayResult(True, "passed", [check_record("gradient", True, "ok", {}, 0.001)], gradient_shard=shard)

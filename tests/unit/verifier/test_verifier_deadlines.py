@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import krill.store.fetcher as fetcher_module
 import krill.verifier.loop as loop_module
 from krill.chain import errors as E
 from krill.errors import ChainUnavailableError
@@ -97,6 +98,8 @@ class Store:
 class WithheldReplayer:
     fault: type[PayloadUnavailable] = PayloadUnavailable
     replays: list[float] = []  # when (on the fake clock)
+    waits = False  # a fetch that never ends holds the replay for the wait it is allowed (`PASS_WAIT_S` by default)
+    takes_s = 0.0  # the first replay's own time (loading the model)
 
     def __init__(self, *args):
         pass
@@ -104,8 +107,11 @@ class WithheldReplayer:
     def forget_fetches(self, commit_id):
         pass
 
-    def replay(self, job, randomness, shard=None):
+    def replay(self, job, randomness, shard=None, wait_s=None):
         WithheldReplayer.replays.append(loop_module.time.monotonic())
+        loop_module.time.sleep(self.takes_s if len(WithheldReplayer.replays) == 1 else 0.0)
+        if self.waits:
+            loop_module.time.sleep(fetcher_module.PASS_WAIT_S if wait_s is None else wait_s)
         raise self.fault(f"header {digest_to_cid(job.header_digest)} not found")
 
 
@@ -119,6 +125,8 @@ def _verifier(tmp_path, monkeypatch, window: int, block_s: float | None, outage=
     monkeypatch.setattr(loop_module, "Replayer", WithheldReplayer)
     monkeypatch.setattr(WithheldReplayer, "fault", fault)
     monkeypatch.setattr(WithheldReplayer, "replays", [])
+    monkeypatch.setattr(WithheldReplayer, "waits", False)
+    monkeypatch.setattr(WithheldReplayer, "takes_s", 0.0)
     state = VerifierState(tmp_path / "v.sqlite", contract=CONTRACT, run_id=RUN, verifier=ME)
     state.add_jobs([Job(7, WORKER, 3, 0, b"\x05" * 32, COMMIT_BLOCK)], next_block=COMMIT_BLOCK + 1)
     spec = SimpleNamespace(run_id=RUN, chain=SimpleNamespace(challenge_window_blocks=window,
@@ -157,6 +165,32 @@ def test_the_back_off_after_an_outage_wakes_before_the_window_closes(tmp_path, m
     decision = loop.state.decision(7)
     assert (decision.status, decision.reason) == (ATTESTED, "unavailable"), decision
     assert chain.attested[0] <= select.last_block(COMMIT_BLOCK, 30)
+
+
+def test_an_outage_after_a_head_that_jumped_is_still_capped_by_the_window(tmp_path, monkeypatch):
+    """The first replay takes 3 s (loading the model): the head read after it is 3 blocks on, one move whose
+    fast estimate is 0 s a block. Twice that (the slow estimate) put every window behind, so the back-off
+    after the outage (3.5 s to 20 s) went uncapped, slept 0.5 to 16 s, tried next at 35 s (block 136) and the
+    withheld payload ended `missed`; the slow estimate is now at least what the reads allow (1.5 s here)."""
+    loop, chain, clock = _verifier(tmp_path, monkeypatch, 30, 1.0, outage=(3.5, 20.0))
+    WithheldReplayer.takes_s = 3.0
+    _run_until_decided(loop, clock, limit_s=90.0)
+    decision = loop.state.decision(7)
+    assert (decision.status, decision.reason) == (ATTESTED, "unavailable"), decision
+    assert max(clock.sleeps) <= 3.0  # 16 s before
+
+
+def test_a_replay_waiting_on_a_fetch_is_capped_by_the_block_deadline(tmp_path, monkeypatch):
+    """At 0.5 s a block a replay waited `PASS_WAIT_S` (2 s, four blocks) for a fetch that never ends: on a window
+    of 8 the second replay began at block 106 and gave up at 110, past the window (`missed`). The wait is now
+    capped like the others, by half the time to the block the commit waits for."""
+    window = 8
+    loop, chain, clock = _verifier(tmp_path, monkeypatch, window, 0.5, fault=PayloadStillFetching)
+    WithheldReplayer.waits = True
+    _run_until_decided(loop, clock, limit_s=3 * window * 0.5)
+    decision = loop.state.decision(7)
+    assert (decision.status, decision.ok, decision.reason) == (ATTESTED, False, "unavailable"), decision
+    assert chain.attested[0] <= select.last_block(COMMIT_BLOCK, window)
 
 
 def test_a_slow_chain_is_not_polled_faster_near_the_deadline(tmp_path, monkeypatch):
@@ -232,3 +266,15 @@ def test_the_pace_errs_fast_and_stretches_while_the_head_stands_still():
     assert pace.seconds_until(111, 1.5) == pytest.approx(0.5 + 10 * 0.5 - 1.5)
     pace.observe(101, 9.5)  # standing still for 8 s
     assert pace.block_seconds() == pytest.approx(8.0)
+
+
+def test_the_slow_estimate_is_what_the_reads_allow_when_the_fast_one_is_0():
+    pace = HeadPace()
+    pace.observe(101, 0.0)
+    pace.observe(104, 3.0)  # three blocks between two reads: 102 and 103 appeared after 0 s and by 3 s
+    assert pace.block_seconds() == 0.0
+    assert pace.seconds_until(129, 3.0, slow=True) == pytest.approx(25 * 1.5)  # was 0: "already passed"
+    single = HeadPace()
+    single.observe(101, 0.0)
+    single.observe(102, 1.0)  # one block, no read between: no bound either way
+    assert single.seconds_until(129, 1.0, slow=True) is None

@@ -97,7 +97,7 @@ class FakeReplayer:
     def forget_fetches(self, commit_id):
         pass
 
-    def replay(self, job, randomness, shard=None):
+    def replay(self, job, randomness, shard=None, wait_s=None):
         FakeReplayer.replays += 1
         return ReplayResult(True, "passed", [check_record("signature", True, "ok", {}, 0.001 * FakeReplayer.replays)])
 

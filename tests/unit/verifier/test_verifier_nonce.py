@@ -102,7 +102,7 @@ class FakeReplayer:
     def forget_fetches(self, commit_id):
         pass
 
-    def replay(self, job, randomness, shard=None):
+    def replay(self, job, randomness, shard=None, wait_s=None):
         FakeReplayer.nonces[job.commit_id] = job.nonce
         return ReplayResult(True, "passed", [check_record("signature", True, "ok", {}, 0.001)])
 
