@@ -7,6 +7,10 @@ Design decisions:
   `allow_nan=False` fails loudly rather than print what a strict parser refuses). Exit status 1
   when any check of any audited version fails, 0 when all match, so the command can gate scripts
   and CI.
+- The audit only reads the store: on an embedded-Kubo repo a running role's node holds it reads the
+  blocks already there on disk (`open_public_run(read_held_repo=True)`, said once on stderr; it stopped
+  with `RepoInUseError`). Content not there fails the checks that read it as "not available", as any
+  store fault does: it is never taken as passing. `krill release` adds to the store and keeps the error.
 - Heavy imports (web3, torch) happen inside the command.
 """
 
@@ -20,15 +24,19 @@ import click
 from krill.commands.context import current_config
 
 
-def open_public_run(stack: ExitStack):
-    """(config, read-only chain, store, run spec) of the configured run, from chain + store alone."""
+def open_public_run(stack: ExitStack, read_held_repo: bool = False):
+    """(config, read-only chain, store, run spec) of the configured run, from chain + store alone.
+    `read_held_repo`, for a caller that only reads: an embedded-Kubo repo a running role holds is read from
+    its blocks on disk (`krill.store.base.open_store_to_read`)."""
     from krill.protocol.state import load_run
     from krill.runtime import connect_chain, open_configured_store, run_id_of
+    from krill.store.base import open_store_to_read
 
     config = current_config()
     run_id = run_id_of(config)
     chain = connect_chain(config)
-    store = stack.enter_context(open_configured_store(config))
+    store = stack.enter_context(open_store_to_read(config.store, lambda line: click.echo(line, err=True))
+                                if read_held_repo else open_configured_store(config))
     return config, chain, store, load_run(chain, store, run_id)
 
 
@@ -58,7 +66,7 @@ def audit(version: int | None, all_versions: bool, last: int | None, as_json: bo
     if sum((version is not None, all_versions, last is not None)) != 1:
         raise click.UsageError("give exactly one of --version V, --last N and --all")
     with ExitStack() as stack:
-        config, chain, store, spec = open_public_run(stack)
+        config, chain, store, spec = open_public_run(stack, read_held_repo=True)
         source = AuditSource(chain, store, spec, from_block=config.chain.deploy_block)
         latest = source.latest_version()
         if version is not None:

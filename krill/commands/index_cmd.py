@@ -7,6 +7,11 @@ Design decisions:
   the index tables and replays from the deploy block; role state is never touched. It is the
   remedy `SchemaVersionError` names for an index of another schema version, so it opens the
   database with `rebuilding_index`, which resets such index tables instead of refusing them.
+- `sync` only reads the store: on an embedded-Kubo repo a running role's node holds (a coordinator's,
+  a worker's) it reads the blocks already there on disk (`open_store_to_read`, said once on stderr), and
+  content not there is recorded unavailable, retried by a later sync. It stopped with `RepoInUseError`.
+  `sync --follow` keeps that error: each pass would retry that content at once, without a node, and use up
+  its fetch attempts (`max_fetch_attempts`) in as many polls; `--no-store` follows the events alone.
 - Output is one line per pass (blocks, events, content fetched); `--json` prints machine-readable
   reports. web3 and SQLAlchemy are imported inside the commands so `krill --help` stays instant.
 """
@@ -21,7 +26,8 @@ import click
 from krill.commands.context import FiniteFloatRange, current_config
 
 
-def _open(stack: ExitStack, with_store: bool = True, rebuilding: bool = False):
+def _open(stack: ExitStack, with_store: bool = True, rebuilding: bool = False, read_held_repo: bool = False):
+    """(indexer, config); `read_held_repo`: a repo a running role holds is read from its blocks on disk."""
     from krill.db.indexer import Indexer
     from krill.runtime import connect_chain, open_configured_database
 
@@ -32,9 +38,10 @@ def _open(stack: ExitStack, with_store: bool = True, rebuilding: bool = False):
     db = stack.enter_context(open_configured_database(config, rebuilding_index=rebuilding))
     store = None
     if with_store:
-        from krill.store.base import open_store
+        from krill.store.base import open_store, open_store_to_read
 
-        store = stack.enter_context(open_store(config.store))
+        store = stack.enter_context(open_store_to_read(config.store, lambda line: click.echo(line, err=True))
+                                    if read_held_repo else open_store(config.store))
     indexer = Indexer(chain, db, store, start_block=config.chain.deploy_block,
                       confirmations=config.chain.confirmations_on(chain.w3.eth.chain_id))
     return indexer, config
@@ -65,8 +72,17 @@ def index() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print each pass as a JSON line.")
 def sync(follow: bool, poll_s: float | None, no_store: bool, as_json: bool) -> None:
     """Index confirmed blocks not yet indexed, then fetch pending headers and manifests."""
+    from krill.store.embedded_kubo import RepoInUseError
+
     with ExitStack() as stack:
-        indexer, config = _open(stack, with_store=not no_store)
+        try:
+            indexer, config = _open(stack, with_store=not no_store, read_held_repo=not follow)
+        except RepoInUseError as exc:  # only with --follow (module docstring)
+            who = f"pid {exc.holder}" if exc.holder is not None else "a process not visible from here"
+            raise RepoInUseError(f"krill index sync --follow fetches content as it is published, which needs the "
+                                 f"node of the IPFS repo {exc.repo}, and {who} runs that node: run `krill index sync` "
+                                 "without --follow (one pass, reading the blocks already in the repo), or follow "
+                                 "the events alone with --follow --no-store", exc.repo, exc.holder) from exc
 
         def show(report) -> None:
             click.echo(_report_json(report) if as_json else _line(report))

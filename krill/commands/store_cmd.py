@@ -4,6 +4,10 @@ Design decisions:
 - A thin layer over `open_store(config.store)`, so what a person sees is exactly what the roles
   get: the same CIDs (Kubo's `--cid-version 1 --raw-leaves`) and the same verification on read.
 - Output goes to stdout (`cat`) or a file (`get -o`); `get` refuses to print binary to a terminal.
+- `get` and `cat` only read: on an embedded-Kubo repo a running role's node holds they read the blocks
+  already in it on disk (`open_store_to_read`, which says so on stderr) instead of stopping with
+  `RepoInUseError`. `add`, `put-block`, `pin` and `unpin` need the repo's node and keep the error, with
+  advice for this case (the error alone said "each process needs its own store.repo_path").
 """
 
 from __future__ import annotations
@@ -16,10 +20,26 @@ import click
 from krill.commands.context import current_config
 
 
-def _store():
+def _store(command: str):
+    """The configured store for `krill store <command>`, which writes or pins through it."""
     from krill.store.base import open_store
+    from krill.store.embedded_kubo import RepoInUseError
 
-    return open_store(current_config().store)
+    try:
+        return open_store(current_config().store)
+    except RepoInUseError as exc:
+        who = f"pid {exc.holder}" if exc.holder is not None else "a process not visible from here"
+        raise RepoInUseError(f"krill store {command} writes to the IPFS repo {exc.repo} through its node, which {who} "
+                             "runs: run it once that process has stopped, or against another repo "
+                             "(--set store.repo_path=...); get and cat read the repo's blocks meanwhile",
+                             exc.repo, exc.holder) from exc
+
+
+def _reader():
+    """The configured store for a command that only reads (the blocks on disk of a repo a running role holds)."""
+    from krill.store.base import open_store_to_read
+
+    return open_store_to_read(current_config().store, lambda line: click.echo(line, err=True))
 
 
 @click.group("store")
@@ -32,7 +52,7 @@ def store() -> None:
 @click.option("--pin", is_flag=True, help="Pin the content after adding it.")
 def add(path: Path, pin: bool) -> None:
     """Add a file; print its CID (identical to `ipfs add --cid-version 1 --raw-leaves`)."""
-    with _store() as s:
+    with _store("add") as s:
         click.echo(s.add(path, pin=pin))
 
 
@@ -40,7 +60,7 @@ def add(path: Path, pin: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def put_block(path: Path) -> None:
     """Store a file of at most 1 MiB as one raw block; print its CID."""
-    with _store() as s:
+    with _store("put-block") as s:
         click.echo(s.put_block(path.read_bytes()))
 
 
@@ -53,7 +73,7 @@ def get(cid: str, output: Path | None, max_bytes: int | None) -> None:
     if output is not None and not output.expanduser().resolve().parent.is_dir():
         raise click.BadParameter(f"the folder {output.expanduser().resolve().parent} does not exist",
                                  param_hint="--output")
-    with _store() as s:
+    with _reader() as s:
         data = s.get(cid, max_bytes=max_bytes)
     if output is not None:
         output.write_bytes(data)
@@ -68,7 +88,7 @@ def get(cid: str, output: Path | None, max_bytes: int | None) -> None:
 @click.argument("cid")
 def cat(cid: str) -> None:
     """Fetch CID, verify it, and print it."""
-    with _store() as s:
+    with _reader() as s:
         click.echo(s.get(cid), nl=False)
 
 
@@ -76,7 +96,7 @@ def cat(cid: str) -> None:
 @click.argument("cid")
 def pin(cid: str) -> None:
     """Keep CID and everything under it."""
-    with _store() as s:
+    with _store("pin") as s:
         s.pin(cid)
 
 
@@ -84,5 +104,5 @@ def pin(cid: str) -> None:
 @click.argument("cid")
 def unpin(cid: str) -> None:
     """Let CID be garbage-collected."""
-    with _store() as s:
+    with _store("unpin") as s:
         s.unpin(cid)

@@ -15,6 +15,9 @@ Design decisions:
   `_read_block` and `_write_block`; the UnixFS building and verified walking are shared here so
   both produce and accept exactly Kubo's DAGs. The Kubo RPC store overrides `add` and `_get`.
 - The embedded-Kubo backend is an optional extra; its module is imported only when chosen.
+- `open_store_to_read` is `open_store` for a command that only reads: an embedded-Kubo repo another
+  process's node holds (a running role's) is read from its blocks on disk (`RepoBlocksReader`), said
+  once through the caller's `say`; a command that writes, pins or must fetch keeps `RepoInUseError`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -30,7 +34,8 @@ from krill.errors import IntegrityError, StoreError
 from krill.store.cid import MAX_BLOCK_SIZE, normalize_cid, raw_block_cid
 from krill.store.unixfs import ObjectTooLargeError, build_file_dag, read_file
 
-__all__ = ["BlockBackedStore", "Content", "ContentStore", "ObjectTooLargeError", "PreparedContent", "open_store"]
+__all__ = ["BlockBackedStore", "Content", "ContentStore", "ObjectTooLargeError", "PreparedContent", "open_store",
+           "open_store_to_read"]
 
 Content = bytes | bytearray | memoryview | Path | BinaryIO
 
@@ -217,3 +222,19 @@ def open_store(config) -> ContentStore:
                                  max_get_bytes=config.max_get_bytes)
     raise StoreError(f"unknown store type {kind!r}; expected 'local', 'kubo' or 'embedded-kubo'")
 
+
+
+def open_store_to_read(config, say: Callable[[str], None]) -> ContentStore:
+    """`open_store(config)` for a caller that only reads. An embedded-Kubo repo another process's node holds
+    (`RepoInUseError`) is opened as the blocks already in it (`RepoBlocksReader`: verified reads, nothing
+    fetched from the network, nothing written), and `say` gets one line saying so."""
+    if getattr(config, "type", None) != "embedded-kubo":
+        return open_store(config)
+    from krill.store.embedded_kubo import RepoBlocksReader, RepoInUseError, held_repo_note
+
+    try:
+        return open_store(config)
+    except RepoInUseError as exc:
+        reader = RepoBlocksReader(exc.repo, max_get_bytes=config.max_get_bytes)
+        say(held_repo_note(exc))
+        return reader

@@ -43,7 +43,10 @@ Design decisions:
 - `RepoBlocksReader` reads the blocks already in a repo another process's node holds, straight from
   its flatfs, verified like every read, without a node: nothing is fetched from the network and
   nothing is written. Status (`krill.account_status`) reads a running worker's repo this way; a role
-  never does (it needs its node to serve what it publishes).
+  never does (it needs its node to serve what it publishes). So do the commands that only read
+  (`krill store get|cat`, `krill index sync`, `krill audit`), through `krill.store.base.open_store_to_read`,
+  which says so once (`held_repo_note`): they stopped with `RepoInUseError` whenever a role ran on the
+  repo. A block of an object that is not there is a `ContentNotFoundError` naming the block and the object.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from typing import Any
 from krill.errors import ContentNotFoundError, StoreError, StoreUnavailableError
 from krill.store.base import BlockBackedStore, ObjectTooLargeError
 from krill.store.cid import cid_parts, normalize_cid
+from krill.store.unixfs import read_file
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +143,13 @@ def repo_lock_state(repo: Path) -> tuple[bool, int | None]:
     if kind == fcntl.F_UNLCK:
         return False, None
     return True, (pid if pid > 0 else None)
+
+
+def held_repo_note(exc: RepoInUseError) -> str:
+    """One line for a reader of a held repo's blocks (`RepoBlocksReader`): whose node holds it, and what that costs."""
+    who = f"pid {exc.holder}" if exc.holder is not None else "a process not visible from here"
+    return (f"note: {who} holds the IPFS repo {exc.repo} (its node runs there), so this reads the blocks already in "
+            "the repo on disk, without a node: content not in this repo cannot be fetched from the network now")
 
 
 def repo_lock_holder(repo: Path) -> int | None:
@@ -445,6 +456,19 @@ class RepoBlocksReader(BlockBackedStore):
 
     def _write_block(self, cid: str, block: bytes) -> None:
         raise StoreError(f"the blocks of the IPFS repo {self.repo} are open read-only here")
+
+    def _get(self, cid: str, limit: int) -> bytes:
+        def read(part: str) -> bytes:
+            try:
+                return self._read_block(part)
+            except ContentNotFoundError:
+                if part == cid:
+                    raise
+                raise ContentNotFoundError(f"block {part} of {cid} is not among the blocks already in the IPFS repo "
+                                           f"{self.repo} (read without a node: nothing is fetched from the network)"
+                                           ) from None
+
+        return read_file(read, cid, limit)
 
     def has(self, cid: str) -> bool:
         return _flatfs_path(self._blocks, normalize_cid(cid)).exists()

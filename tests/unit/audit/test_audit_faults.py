@@ -67,7 +67,7 @@ def test_a_trust_that_is_not_a_number_gives_strict_json(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     config = SimpleNamespace(chain=SimpleNamespace(deploy_block=0))  # the command reads the deployment block
-    monkeypatch.setattr(audit_cmd, "open_public_run", lambda stack: (config, world.chain, world.store, world.spec))
+    monkeypatch.setattr(audit_cmd, "open_public_run", lambda stack, **_: (config, world.chain, world.store, world.spec))
 
     def refuse(constant):
         raise ValueError(f"not strict JSON: {constant}")
