@@ -37,7 +37,9 @@ Design decisions:
   failed as a node that would not start, which status does not read around. A start that fails
   with the lock free says so and points at the swarm addresses (a port in use, an address that is
   not a multiaddress): it used to ask whether another process used the repo, which the lock had
-  just answered, and a worker retries that open.
+  just answered, and a worker retries that open. The lock is looked at before the repo's config is
+  rewritten too: status beside a running worker rewrote the worker's config (its own swarm addresses
+  in place of the worker's, which the worker's node took at its next start) before finding it held.
 - Bootstrap peers are dialled at once, and the start waits for them `timeout_s` in all: one after
   another, a peer that accepted TCP and never answered cost the library's dial timeout (~15 s) each.
 - `RepoBlocksReader` reads the blocks already in a repo another process's node holds, straight from
@@ -241,6 +243,9 @@ class EmbeddedKuboStore(BlockBackedStore):
         except OSError as exc:  # a file in the way, or no permission: name the setting, no traceback
             raise StoreError(f"cannot use {self.repo} as the IPFS repo (store.repo_path): "
                              f"{exc.strerror or exc}") from exc
+        held, holder = repo_lock_state(self.repo)  # no node of this process is on it (`_open_repos`): safe to ask
+        if held:  # before the config is touched: the holder's node runs on it, and would restart on ours
+            raise self._in_use(holder)
         config_path = self.repo / "config"
         if not config_path.exists() and self._kubo.CreateRepo(_c(self.repo)) < 0:
             raise StoreError(f"Kubo could not create an IPFS repo at {self.repo}")
@@ -270,15 +275,18 @@ class EmbeddedKuboStore(BlockBackedStore):
             with contextlib.suppress(Exception):
                 self._kubo.CleanupNode(_c(self.repo))
             held, holder = repo_lock_state(self.repo)
-            if held:
-                who = f"pid {holder}" if holder is not None else "a process not visible from here (another PID " \
-                                                                 "namespace: a container?)"
-                raise RepoInUseError(f"the IPFS repo {self.repo} is in use by another process ({who} holds its "
-                                     "repo.lock): each process needs its own store.repo_path", self.repo, holder)
+            if held:  # taken between the look above and the start
+                raise self._in_use(holder)
             raise StoreUnavailableError(f"Kubo could not start a node on {self.repo}, whose repo.lock no process "
                                         "holds (so not another role on this repo): Kubo's log on stderr says why; "
                                         "check store.swarm_addresses (a port another program listens on, an "
                                         f"address that is not a multiaddress: {', '.join(swarm_addresses)})")
+
+    def _in_use(self, holder: int | None) -> RepoInUseError:
+        who = f"pid {holder}" if holder is not None else "a process not visible from here (another PID namespace: " \
+                                                         "a container?)"
+        return RepoInUseError(f"the IPFS repo {self.repo} is in use by another process ({who} holds its repo.lock): "
+                              "each process needs its own store.repo_path", self.repo, holder)
 
     # ------------------------------------------------------------------ peers
 

@@ -139,3 +139,18 @@ def test_a_repo_path_through_a_file_is_a_store_error_naming_the_setting(tmp_path
     for repo in (tmp_path / "afile", tmp_path / "afile" / "ipfs"):
         with pytest.raises(StoreError, match=r"store\.repo_path"):
             EmbeddedKuboStore(repo, timeout_s=5)
+
+
+def test_a_held_repo_is_refused_before_its_config_is_touched(held):
+    """Before: the open rewrote the holder's config (this open's swarm addresses in place of the holder's, which
+    its node took at its next start) and made `krill-tmp`, and only then found the repo held."""
+    from krill.store.embedded_kubo import EmbeddedKuboStore, RepoInUseError
+
+    repo, holder, _, _ = held
+    config = repo / "config"
+    before = (config.read_bytes(), config.stat().st_mtime_ns)
+    (repo / "krill-tmp").rmdir()  # made by the holder's own open; an open of this process must not remake it
+    with pytest.raises(RepoInUseError, match=f"pid {holder.pid}"):
+        EmbeddedKuboStore(repo, swarm_addresses=["/ip4/127.0.0.1/tcp/4999"], timeout_s=5)
+    assert (config.read_bytes(), config.stat().st_mtime_ns) == before
+    assert not (repo / "krill-tmp").exists() and not (repo / "config.krill-tmp").exists()
