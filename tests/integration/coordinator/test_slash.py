@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+from conftest import wait_for  # at import: later, 'conftest' is whichever ran last
+
 from krill.db.models import Contribution, ContributionStatus, RejectionCode
 
 
@@ -344,6 +346,14 @@ def test_a_coordinator_stopping_at_max_versions_first_slashes_what_became_due_wh
     assert any(line.startswith(f"slashed commit {commits['forged']}") for line in lines), lines
 
 
+def _index_with_headers(indexer) -> None:
+    """Sync `indexer` with every header fetch it queued finished and recorded: a sync waits 2 s for them and
+    leaves the rest running, which on a loaded machine then meet the store a test patches afterwards."""
+    indexer.sync()
+    wait_for(lambda: indexer._fetcher.in_flight() == 0, 30, "the index's header fetches")
+    indexer.sync()
+
+
 def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coordinator_env):
     """The confirming fetch of a commit at the failing quorum is not queued behind ingest's fetches of the same
     worker's other commits: on a networked store each of those waits out the store's timeout, so a worker that
@@ -364,19 +374,20 @@ def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coor
     verifier, _ = env.stake(10)
     junk, _ = env.produce(who, nonce=0)
     junk_id = env.commit(account, junk)  # never uploaded
-    hanging = {}
+    hanging, holding = {}, []
     for nonce in (1, 2, 3):  # digests of content nobody has: the store looks for it until its timeout
         digest = os.urandom(32)
         env.chain.as_account(account).commit(env.run_id, 0, nonce, digest)
         hanging[digest_to_cid(digest)] = nonce
     env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
     ctx, indexer = env.context()
-    indexer.sync()
+    _index_with_headers(indexer)
     timeout = threading.Event()  # set: the store's timeout has run out
     get = ctx.store.get
 
     def networked_get(cid, **kwargs):
         if cid in hanging:
+            holding.append(cid)
             timeout.wait(60)
             raise ContentNotFoundError(f"no provider for {cid} within the timeout")
         return get(cid, **kwargs)
@@ -384,6 +395,7 @@ def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coor
     ctx.store.get = networked_get
     try:
         ingest(ctx, 1)  # queues the worker's four fetches in its lane; the second hangs
+        wait_for(lambda: holding, 30, "the lane's fetch of content nobody has to start")  # else nothing is behind it
         mine(env.chain.w3, ctx.spec.chain.challenge_window_blocks + 1)
         deadline = time.monotonic() + 15
         while "still being fetched" in (got := confirm_failure(ctx, junk_id, time.time())).detail \
@@ -423,7 +435,7 @@ def test_withheld_content_is_confirmed_while_other_accounts_fetches_hold_every_f
     env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
     ctx, indexer = env.context()
     assert len(accounts) >= ctx.fetcher.threads
-    indexer.sync()
+    _index_with_headers(indexer)
     timeout = threading.Event()  # set: the store's timeout has run out
     get = ctx.store.get
     holding = []
@@ -438,6 +450,8 @@ def test_withheld_content_is_confirmed_while_other_accounts_fetches_hold_every_f
     ctx.store.get = networked_get
     try:
         ingest(ctx, 1)  # queues every account's fetches; the hanging ones hold every fetch thread
+        # The threads start on their own time: the confirmation is asked only once every one is held.
+        wait_for(lambda: len(holding) == ctx.fetcher.threads, 30, "every fetch thread to hold a hanging fetch")
         mine(env.chain.w3, ctx.spec.chain.challenge_window_blocks + 1)
         deadline = time.monotonic() + 15
         while "still being fetched" in (got := confirm_failure(ctx, junk_id, time.time())).detail \
