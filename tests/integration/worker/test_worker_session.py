@@ -142,17 +142,25 @@ def test_the_next_contribution_is_made_while_the_previous_one_is_committed(worke
     assert sum(line.count("commit #") for line in lines) == 2
 
 
-def test_a_worker_with_its_share_in_samples_ahead_and_learns_at_the_next_version(worker_env, tmp_path):
+def test_a_worker_with_its_share_in_samples_ahead_and_learns_at_the_next_version(worker_env, tmp_path, monkeypatch):
     import threading
     import time
 
     from worker_replay import replay_commit
 
+    from krill.worker.contribute import Contributor
     from krill.worker.runner import run_worker
 
     env = worker_env
     run = env.new_run("sample-ahead")
     config = load_config(env.config_path(RESUMER, run, tmp_path / "state", max_per_version=1, sample_ahead=True))
+    waiting, wait_newer = threading.Event(), Contributor.wait_newer
+
+    def says_it_waits(self, *args, **kwargs):  # the second contribution's rollouts are drawn: it waits for v1
+        waiting.set()
+        return wait_newer(self, *args, **kwargs)
+
+    monkeypatch.setattr(Contributor, "wait_newer", says_it_waits)
     outcomes: list = []
     worker = threading.Thread(target=lambda: outcomes.extend(run_worker(config, max_contributions=2,
                                                                         echo=lambda line: None)), daemon=True)
@@ -161,7 +169,9 @@ def test_a_worker_with_its_share_in_samples_ahead_and_learns_at_the_next_version
     while not commits_of(env, run, RESUMER) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert commits_of(env, run, RESUMER), "the first commit never landed"
-    time.sleep(1.0)  # the second contribution's rollouts are drawn at version 0 meanwhile; it waits for version 1
+    # Its rollouts are drawn at version 0 (however long that takes on a loaded machine); then it waits.
+    assert waiting.wait(120), "the second contribution never waited for version 1"
+    time.sleep(0.6)  # it waits at least this long: version 1 is published only after
     assert worker.is_alive() and len(commits_of(env, run, RESUMER)) == 1
     assert env.publish_next(run) == 1
     worker.join(timeout=120)
