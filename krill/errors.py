@@ -59,6 +59,10 @@ class StoreUnavailableError(StoreError, ConnectionError):
 class ContentNotFoundError(StoreError, KeyError):
     """No content under the CID asked for."""
 
+    def __str__(self) -> str:
+        # KeyError's own str quotes its argument (repr): every command printed "error: '<cid> is not ...'".
+        return Exception.__str__(self)
+
 
 class IntegrityError(StoreError):
     """Content did not hash to the CID or digest that names it."""

@@ -35,3 +35,16 @@ def test_bench_reports_every_figure():
     printed = CliRunner().invoke(bench_store, ["--size-mb", "1", "--repeats", "1", "--json"])
     assert printed.exit_code == 0, printed.output
     assert set(json.loads(printed.output)) == set(results)
+
+
+def test_content_nobody_stored_is_one_unquoted_error_line(tmp_path):
+    """Before: `ContentNotFoundError` is a `KeyError`, whose str is its argument's repr, so the line read
+    "error: 'bafk... is not in the local store ...'", quotes and escaped characters included."""
+    from krill.cli import cli
+    from krill.store.cid import file_cid
+
+    cid = file_cid(b"nobody stored this")
+    result = CliRunner().invoke(cli, ["--set", "store.type=local", "--set", f"store.path={tmp_path / 'st'}",
+                                       "store", "cat", cid])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {cid} ") and "'" not in result.stderr.splitlines()[0]
