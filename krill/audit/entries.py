@@ -39,7 +39,10 @@ Design decisions:
   (`false_rejection`): payload reasons against the payload, replay reasons against the replay,
   and stale, jailed, slashed and below-floor against the chain before the version's publication.
   A code the protocol does not define is false outright: otherwise any made-up code would cut an
-  honest commit out of the fold and the reward unchecked.
+  honest commit out of the fold and the reward unchecked. A payload or replay reason whose payload
+  the audit cannot read is not judged, and the `entries` row names those commits: it passed
+  without a word, so an audit reading a partial store (a held repo's blocks, a node that lacks a
+  rejected worker's content) looked as if it had judged every rejection.
 - Public data that cannot be read or decoded (`krill.audit.source.DATA_ERRORS`) fails the row that
   read it, with the reason; it never stops the audit.
 - The submission fed to the fold carries the record's weight (`float(entry.weight)`), exactly the
@@ -58,7 +61,7 @@ import math
 
 from krill.audit.report import AuditReport, EntryFigures
 from krill.audit.source import DATA_ERRORS, AuditSource, data_fault
-from krill.errors import PayloadError
+from krill.errors import PayloadError, StoreError
 from krill.protocol.record import AcceptedEntry
 from krill.protocol.step import Submission
 from krill.rl.staleness import StalenessError, rollout_lag_problem, staleness_weight
@@ -286,7 +289,8 @@ UNJUDGED_REASONS = frozenset({"unavailable", "no_served_shard"})
 REASON_CODES = PAYLOAD_REASONS | frozenset(REPLAY_REASONS) | STANDING_REASONS | UNJUDGED_REASONS
 
 
-def false_rejection(source: AuditSource, version: int, commit_id: int, worker: str, reason_code: str) -> str | None:
+def false_rejection(source: AuditSource, version: int, commit_id: int, worker: str, reason_code: str,
+                    unread: list[str] | None = None) -> str | None:
     """Why record `version`'s rejection of `commit_id` is false, or None when it stands or cannot be judged.
 
     A payload reason stands when the payload, fetched by the on-chain digest and validated in the
@@ -295,7 +299,8 @@ def false_rejection(source: AuditSource, version: int, commit_id: int, worker: s
     version's publication (`false_standing`). A payload the audit cannot read cannot be judged; nor
     can `unavailable` (the audit cannot see when content appeared) or `no_served_shard` (which shards
     a coordinator serves is its own setting). A code that is none of the protocol's (`REASON_CODES`) is
-    false whatever the commit: no honest coordinator gives it, and the record's pattern admits any."""
+    false whatever the commit: no honest coordinator gives it, and the record's pattern admits any.
+    `unread` gets one line per rejection not judged because its payload could not be read."""
     if reason_code not in REASON_CODES:
         return f"commit {commit_id} is rejected as {reason_code}, which is not a reason the protocol defines"
     if reason_code in STANDING_REASONS:
@@ -308,7 +313,9 @@ def false_rejection(source: AuditSource, version: int, commit_id: int, worker: s
         return None  # a reused nonce: the assignment it derives repeats an earlier commit's
     try:
         contribution = fetch_payload(source, worker, int(commit.version), bytes(commit.header_digest), nonce)
-    except DATA_ERRORS:  # invalid (a payload error: the rejection stands) or unreadable (it cannot be judged)
+    except DATA_ERRORS as exc:  # invalid (a payload error: the rejection stands) or unreadable (not judged)
+        if isinstance(exc, StoreError) and unread is not None:
+            unread.append(f"commit {commit_id} ({reason_code}): {data_fault(exc)}")
         return None
     if reason_code in PAYLOAD_REASONS:
         return (f"commit {commit_id} is rejected as {reason_code}, but its payload validates in the coordinator's "

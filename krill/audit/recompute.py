@@ -120,6 +120,7 @@ def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
         if over:
             problems.append("; ".join(f"{w} has {n} accepted contributions, over the run's cap of {cap} per worker"
                                       for w, n in over))
+    unread: list[str] = []  # rejections whose payload could not be read: not judged
     for entry in record.rejected:
         try:
             commit = source.commit(entry.commit_id)
@@ -129,11 +130,13 @@ def _check_entry_sets(source: AuditSource, record, report: AuditReport) -> None:
         if commit.run_id != source.spec.run_id or commit.worker.lower() != entry.worker:
             problems.append(f"rejected commit {entry.commit_id} is not a commit of {entry.worker} in this run")
         elif (false := false_rejection(source, record.version, entry.commit_id, entry.worker,
-                                       entry.reason_code)) is not None:
+                                       entry.reason_code, unread)) is not None:
             problems.append(false)  # an honest commit cut out of the fold and the reward on a false reason
     reasons = sorted({r.reason_code for r in record.rejected})
+    shown = "; ".join(unread[:3]) + (f"; and {len(unread) - 3} more" if len(unread) > 3 else "")
     report.add("entries", not problems, "; ".join(problems) or
-               f"{len(accepted)} distinct accepted; {len(rejected)} rejected" + (f" ({', '.join(reasons)})" if reasons else ""))
+               f"{len(accepted)} distinct accepted; {len(rejected)} rejected" + (f" ({', '.join(reasons)})" if reasons else "")
+               + (f"; {len(unread)} rejection(s) not judged, payload not readable: {shown}" if unread else ""))
 
 
 def _recompute_and_compare(source: AuditSource, version: int, info, record, parent, submissions, report) -> None:

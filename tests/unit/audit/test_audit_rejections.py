@@ -68,3 +68,17 @@ def test_a_header_naming_junk_files_is_judged_from_the_header_alone(tmp_path):
     row = _entries(world)
     assert row.ok, row.detail  # the rejection stands
     assert sum(fetched) < 20 * len(blob), f"the audit fetched {sum(fetched)} bytes"
+
+
+@pytest.mark.parametrize("code", ["malformed_payload", "wrong_rewards"])
+def test_a_rejection_whose_payload_cannot_be_read_is_named_as_not_judged(tmp_path, code):
+    """Before: the row passed without a word ("0 distinct accepted; 1 rejected (...)"), as if the audit had
+    judged the rejection, when it could read nothing to judge it by (a partial store: a held repo's blocks, a
+    node that lacks the rejected worker's content). It still passes (nothing shows the rejection false), naming
+    the commit and why."""
+    world = World(tmp_path)
+    cid = world.chain.commit(A, 0, 0, b"\xcd" * 32)  # a header nobody stored
+    world.publish(1, rejected=[RejectedEntry(commit_id=cid, worker=A, reason_code=code, reason="says the coordinator")])
+    row = _entries(world)
+    assert row.ok, row.detail
+    assert f"1 rejection(s) not judged, payload not readable: commit {cid} ({code}): not available: " in row.detail
