@@ -97,7 +97,11 @@ def test_killed_verifier_resumes_without_attesting_twice(run_env, config_file, t
         env.mine(1)
         proc = _start(config_file, log, tmp_path)
         _wait(lambda: chain.attestation_of(second, me).exists, 90, f"attestation of commit {second}", proc, log)
-        time.sleep(0.5)  # let it record the decision
+        # On chain before the verifier has its receipt, records the decision and says it: stopped before
+        # that, the line is never written.
+        _wait(lambda: any(line.startswith(f"commit {second} ") and "PASS" in line
+                          for line in log.read_text()[len(first_run):].splitlines()),
+              60, f"the decision on commit {second} to be recorded", proc, log)
     finally:
         stop_pid(proc.pid, 5.0, proc)
     second_run = log.read_text()[len(first_run):]
