@@ -76,5 +76,5 @@ def test_content_not_in_the_held_repo_fails_the_audit_as_not_available(run, held
     failed = {c["name"]: c["detail"] for c in report["checks"] if not c["ok"]}
     payload = f"commit {entry.commit_id} payload"
     assert payload in failed and "recompute" in failed, failed
-    assert f"not available: '{missing} is not among the blocks already in the IPFS repo {repo.resolve()}" \
+    assert f"not available: {missing} is not among the blocks already in the IPFS repo {repo.resolve()}" \
            in failed[payload], failed[payload]
