@@ -6,7 +6,8 @@ Design decisions:
   both, the rival's first. That is how a front-runner who copies a transaction from the mempool,
   or a `publishVersion` landing just ahead of a commit it makes stale, looks to the client.
 - Test-only (no role imports it); it patches the client's transactor through `monkeypatch`, so the
-  patch ends with the test.
+  patch ends with the test. Automining is turned back on whatever fails (the rival's send, ours):
+  left off, the shared node hung every later test that waits for a receipt.
 """
 
 from __future__ import annotations
@@ -23,21 +24,26 @@ def beaten_in_one_block(w3, protocol: str, monkeypatch, client, rival, name: str
     def estimate_then_rival(probe, what):
         gas = estimate(probe, what)
         w3.provider.make_request("evm_setAutomine", [False])
-        theirs = rival._tx
-        fees = {k: 10 * v for k, v in ours._fees().items()}
-        tx = {"from": theirs.address, "to": protocol, "value": 0, "gas": 500_000,
-              "data": function_codecs("KrillProtocol")[name].calldata(args), "chainId": w3.eth.chain_id, **fees,
-              "nonce": theirs.nonces.take(w3, theirs.address, theirs.retry)}
-        theirs._send_raw(theirs.account.sign_transaction(tx).raw_transaction, f"rival {name}")
+        try:
+            theirs = rival._tx
+            fees = {k: 10 * v for k, v in ours._fees().items()}
+            tx = {"from": theirs.address, "to": protocol, "value": 0, "gas": 500_000,
+                  "data": function_codecs("KrillProtocol")[name].calldata(args), "chainId": w3.eth.chain_id,
+                  **fees, "nonce": theirs.nonces.take(w3, theirs.address, theirs.retry)}
+            theirs._send_raw(theirs.account.sign_transaction(tx).raw_transaction, f"rival {name}")
+        except BaseException:  # the shared node must not be left paused for the tests after this one
+            w3.provider.make_request("evm_setAutomine", [True])
+            raise
         return gas
 
     def send_then_mine(raw, what):
-        tx_hash = send_raw(raw, what)
         try:
-            w3.provider.make_request("evm_mine", [])
-        finally:
-            w3.provider.make_request("evm_setAutomine", [True])
-        return tx_hash
+            return send_raw(raw, what)
+        finally:  # ours refused too: the rival is mined all the same, and the node automines again
+            try:
+                w3.provider.make_request("evm_mine", [])
+            finally:
+                w3.provider.make_request("evm_setAutomine", [True])
 
     monkeypatch.setattr(ours, "_gas_limit", estimate_then_rival)
     monkeypatch.setattr(ours, "_send_raw", send_then_mine)

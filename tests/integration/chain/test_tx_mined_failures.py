@@ -153,3 +153,22 @@ def test_a_resend_after_out_of_gas_reads_the_fees_again(staked, monkeypatch):
     finally:  # a snapshot's revert keeps Anvil's base fee: the session's later tests need the old one
         rpc("anvil_setNextBlockBaseFeePerGas", [hex(base)])
     assert len(estimates) == 2 and len(fees) == 2 and fees[1] > 20 * fees[0]
+
+
+def test_a_rival_whose_send_fails_leaves_the_node_automining(staked, monkeypatch):
+    """Before: automining was paused before the rival's send and turned back on only after ours was mined, so a
+    rival refused by the node (here: no ether for its gas) left the shared Anvil paused, and every later test
+    that waits for a receipt hung until its timeout."""
+    from eth_account import Account
+
+    env = staked
+    if env.backend != "anvil":
+        pytest.skip("the in-process chain mines each transaction as it arrives: nothing to pause")
+    worker = env.at(env.WORKERS[0])
+    broke = worker.as_account(Account.create())
+    _beaten_in_one_block(env, monkeypatch, worker, broke, "commit",
+                         (to_bytes32(RUN_ID, "run_id"), to_uint(0, "version", 64), to_uint(778, "nonce", 64),
+                          digest("never sent")))
+    with pytest.raises(Exception, match="(?i)insufficient funds|funds"):
+        worker.commit(RUN_ID, 0, 0, digest("ours"))
+    assert env.w3.provider.make_request("anvil_getAutomine", [])["result"] is True
