@@ -12,6 +12,16 @@ from krill.store import fetcher as fetcher_module
 from krill.store.fetcher import Fetcher
 
 
+def _until(condition, timeout_s=10.0) -> bool:
+    """Whether `condition()` became true within `timeout_s` (a fetch thread may start its job late)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _blocking(release: threading.Event, started: list, name: str):
     def job():
         started.append(name)
@@ -28,6 +38,8 @@ def test_a_lane_runs_one_job_at_a_time_while_other_lanes_proceed():
     fetcher.submit("honest", 3, lambda: "honest")
     fetcher.wait([3], 5)
     assert fetcher.take(3).result() == "honest"
+    assert _until(lambda: started)  # the lane's first job runs (its thread may start it late)
+    time.sleep(0.2)
     assert started == ["junk-1"]  # the second job of the lane waits for the first
     assert fetcher.take(1) is None and fetcher.in_flight() == 2
     release.set()
@@ -40,6 +52,7 @@ def test_no_more_threads_run_than_configured():
     fetcher, release, started = Fetcher(threads=2), threading.Event(), []
     for lane in range(3):
         fetcher.submit(f"w{lane}", lane, _blocking(release, started, f"w{lane}"))
+    assert _until(lambda: len(started) >= 2)
     fetcher.wait([0, 1, 2], 0.3)
     assert sorted(started) == ["w0", "w1"]  # the third lane waits for a free thread
     release.set()
@@ -173,6 +186,7 @@ def test_priority_lanes_have_their_own_bounded_threads_and_never_take_the_others
         fetcher.submit("w0", "ingest", lambda: "ingested")
         fetcher.wait(["ingest"], 5)
         assert fetcher.take("ingest").result() == "ingested"  # the ordinary thread is not taken by a confirmation
+        assert _until(lambda: len(started) >= 2)
         fetcher.wait([("confirm", 2)], 0.3)
         assert sorted(started) == ["confirm-0", "confirm-1"]  # the third waits for a priority thread
         assert fetcher._alive == {False: 1, True: 2}
