@@ -2,6 +2,7 @@
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -59,12 +60,17 @@ def test_the_watcher_reports_the_newest_version_and_fetches_each_new_one_once():
         watcher.stop()
 
 
-def test_a_stale_reading_is_not_used():
+def test_a_stale_reading_is_not_used(monkeypatch):
+    from krill.worker import watcher as module
+
+    now = [100.0]  # the watcher's clock, moved by the test alone (a paused test thread does not age the reading)
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: now[0]))
     source = ScriptedSource([7])
     watcher = VersionWatcher(source, interval_s=0.01, max_age_s=0.05)
     watcher.poll()
+    now[0] += 0.05
     assert watcher.latest() == 7
-    time.sleep(0.08)
+    now[0] += 0.001
     assert watcher.latest() is None  # never started: nothing refreshed it
 
 
@@ -94,26 +100,40 @@ class SwitchableSource(ScriptedSource):
 def test_a_waiting_worker_is_woken_by_the_next_version_read_at_the_hurried_interval():
     from krill.worker.watcher import HURRY_INTERVAL_S
 
+    class Sleeps(threading.Event):
+        """The thread's sleep, recording each length it sleeps for."""
+
+        def __init__(self):
+            super().__init__()
+            self.lengths: list[float] = []
+
+        def wait(self, timeout=None):
+            self.lengths.append(timeout)
+            return super().wait(timeout)
+
     source = SwitchableSource(5)
-    watcher = VersionWatcher(source, interval_s=10.0).start()  # the plain interval alone would take 10 s
+    watcher = VersionWatcher(source, interval_s=10.0)  # the plain interval alone would take 10 s
+    watcher._wake = sleeps = Sleeps()
+    watcher.start()
     try:
         assert _wait_for(lambda: watcher.latest() == 5)
-        threading.Timer(0.2, lambda: source.answers.__setitem__(0, 6)).start()
-        started = time.monotonic()
-        assert watcher.wait_newer(5, timeout_s=5.0) == 6
-        waited = time.monotonic() - started
-        assert 0.2 <= waited < 0.2 + 10 * HURRY_INTERVAL_S, waited
+        published: list[float] = []
+        threading.Timer(0.2, lambda: (published.append(time.monotonic()), source.answers.__setitem__(0, 6))).start()
+        assert watcher.wait_newer(5, timeout_s=5.0) == 6  # at the plain interval: None after 5 s
+        waited = time.monotonic() - published[0]
+        assert waited < 40 * HURRY_INTERVAL_S, waited  # a fifth of the plain interval: a loaded machine's margin
         reads = source.reads
-        assert watcher.wait_newer(6, timeout_s=0.3) is None  # nothing newer: back after the timeout
-        assert source.reads - reads >= 3  # it read at the hurried pace meanwhile
-        time.sleep(0.3)
+        assert watcher.wait_newer(6, timeout_s=1.5) is None  # nothing newer: back after the timeout
+        assert source.reads - reads >= 3  # it read at the hurried pace meanwhile (none at the plain one)
+        slept = len(sleeps.lengths)
+        assert _wait_for(lambda: any(length > 5.0 for length in sleeps.lengths[slept:]))
         idle = source.reads
         time.sleep(0.3)
         assert source.reads == idle  # and back at the plain interval once nobody waits
         stopping = time.monotonic()
     finally:
         watcher.stop()
-    assert time.monotonic() - stopping < 1.0  # stop() cut the 10 s sleep short
+    assert time.monotonic() - stopping < 5.0  # stop() cut the 10 s sleep short
 
 
 class SlowFetchSource(ScriptedSource):
@@ -122,11 +142,13 @@ class SlowFetchSource(ScriptedSource):
     def __init__(self, answers, fail_on=None):
         super().__init__(answers)
         self.release = threading.Event()
+        self.fetching = threading.Event()  # set once the held fetch began
         self.fail_on = fail_on
 
     def version(self, v):
         if self.fetched:  # the first version is fetched at once
-            self.release.wait(5.0)
+            self.fetching.set()
+            self.release.wait(10.0)
         self.fetched.append(v)
         if v == self.fail_on:
             raise ConnectionError("store down")
@@ -138,7 +160,7 @@ def test_a_new_version_is_reported_only_once_its_shards_are_fetched():
     watcher = VersionWatcher(source, interval_s=0.01, max_age_s=5.0).start()
     try:
         assert _wait_for(lambda: source.fetched == [3])
-        time.sleep(0.1)  # version 4 is read and being fetched
+        assert source.fetching.wait(5.0)  # version 4 is read and being fetched
         assert watcher.latest() == 3  # the worker keeps working at the version it holds, and the reading is fresh
         source.release.set()
         assert _wait_for(lambda: watcher.latest() == 4)
@@ -234,7 +256,7 @@ def test_a_new_version_is_announced_with_its_masks_then_the_stake_is_checked():
         seen_at_check.append((version, watcher.latest(), list(source.masks_of)))
         raise JailedError("worker 0xabc is jailed")
 
-    watcher = VersionWatcher(source, interval_s=0.01, on_new_version=check)
+    watcher = VersionWatcher(source, interval_s=0.01, max_age_s=60.0, on_new_version=check)
     announced: list = []
     original = watcher._notify
     watcher._notify = lambda: (announced.append((watcher.latest(), list(getattr(source, "masks_of", [])))),
@@ -253,7 +275,7 @@ def test_an_unreachable_chain_during_the_stake_check_is_only_an_error():
     def check(version):
         raise ConnectionError("chain down")
 
-    watcher = VersionWatcher(source, interval_s=0.01, on_new_version=check).start()
+    watcher = VersionWatcher(source, interval_s=0.01, max_age_s=60.0, on_new_version=check).start()
     try:
         assert _wait_for(lambda: watcher.errors >= 1)
         assert watcher.problem is None and watcher.latest() == 2
@@ -293,20 +315,24 @@ def test_subscribed_to_publications_the_watcher_reads_only_when_one_is_announced
     same), one read per announcement, and one after a reconnection or `QUIET_READ_S`."""
     from krill.worker import watcher as module
 
-    monkeypatch.setattr(module, "QUIET_READ_S", 0.5)
+    monkeypatch.setattr(module, "QUIET_READ_S", 600.0)  # none until the test turns it down (a paused test is no gap)
     source, heads = SwitchableSource(5), ScriptedPublications()
     watcher = VersionWatcher(source, interval_s=0.01, heads=heads).start()
     try:
         assert _wait_for(lambda: watcher.latest() == 5)
         reads = source.reads
         time.sleep(0.2)  # twenty intervals, no publication
-        assert source.reads == reads and watcher.latest() == 5  # fresh (max age 0.02 s) without a read
+        assert _wait_for(lambda: watcher.latest() == 5)  # fresh (max age 0.02 s) ...
+        assert source.reads == reads  # ... without a read
         source.answers[0] = 6
         heads.announce()
         assert _wait_for(lambda: watcher.latest() == 6) and source.fetched == [5, 6]
         assert source.reads == reads + 1
         heads.drop()
-        assert _wait_for(lambda: source.reads == reads + 2, timeout=0.3)  # a new connection: read again
-        assert _wait_for(lambda: source.reads == reads + 3, timeout=1.0)  # and after QUIET_READ_S anyway
+        assert _wait_for(lambda: source.reads == reads + 2)  # a new connection: read again
+        time.sleep(0.2)
+        assert source.reads == reads + 2  # once
+        monkeypatch.setattr(module, "QUIET_READ_S", 0.5)
+        assert _wait_for(lambda: source.reads >= reads + 3)  # and after QUIET_READ_S anyway
     finally:
         watcher.stop()
