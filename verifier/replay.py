@@ -24,7 +24,11 @@ Design decisions:
   quarter of the window, while the commits it should check waited; a fetch still running raises
   `PayloadStillFetching` (a `PayloadUnavailable` the loop waits longer for, `select.still_fetching_until`)
   and is taken by a later retry. The loop may give a replay less (`wait_s`, its block deadline: at 0.5 s
-  a block `PASS_WAIT_S` is four blocks), and all of one replay's fetch waits share that one allowance; a version, tokenizer or
+  a block `PASS_WAIT_S` is four blocks), and all of one replay's fetch waits share that one allowance. Only
+  the time spent waiting draws on it: counted from the replay's start, the work between fetches (a
+  version's state and masks loaded before the payload's, a signature check on a loaded machine) used it
+  up, and a payload on the verifier's own store raised `PayloadStillFetching`, attested `unavailable` from
+  `still_fetching_until` on; a version, tokenizer or
   shard of the run that cannot be loaded raises `RunDataUnavailable` (never the worker's fault,
   never attested), whatever the reason: a store fault, or a manifest, record, shard or mask blob
   that fails to parse (`PayloadError`, `ModelError`). Such an error raised while a stage first
@@ -229,7 +233,7 @@ class Replayer:
         self.contract = chain.address.lower()
         self.policies = Policies(chain, store, spec)
         self._fetcher = Fetcher()  # payload fetches, one lane per worker (krill.store.fetcher)
-        self._fetch_until = 0.0  # when the replay under way stops waiting for its fetches (`replay`'s `wait_s`)
+        self._wait_left = 0.0  # seconds the replay under way may still wait for its fetches (`replay`'s `wait_s`)
 
     def warm_up(self) -> float:
         """Load the run's latest version, its model and engine, the tokenizer, the task and the masks
@@ -260,7 +264,9 @@ class Replayer:
 
         key, store = (job.commit_id, name, cid), self.store
         if self._fetcher.submit(job.worker.lower(), key, lambda: store.get(cid, max_bytes=cap)):
-            self._fetcher.wait([key], max(0.0, self._fetch_until - time.monotonic()))
+            waited = time.monotonic()
+            self._fetcher.wait([key], self._wait_left)
+            self._wait_left = max(0.0, self._wait_left - (time.monotonic() - waited))
         fetched = self._fetcher.take(key)
         if fetched is None:
             raise PayloadStillFetching(f"{name} ({cid}): still being fetched")
@@ -287,7 +293,7 @@ class Replayer:
         from krill.store.cid import digest_to_cid
         from krill.store.fetcher import PASS_WAIT_S
 
-        self._fetch_until = time.monotonic() + (PASS_WAIT_S if wait_s is None else wait_s)
+        self._wait_left = PASS_WAIT_S if wait_s is None else wait_s
 
         spec, limits, run = self.spec, self.spec.limits, _Run()
         learner_state = self.policies.state(job.version)
