@@ -65,6 +65,7 @@ from krill.errors import PayloadError, StoreError
 from krill.protocol.record import AcceptedEntry
 from krill.protocol.step import Submission
 from krill.rl.staleness import StalenessError, rollout_lag_problem, staleness_weight
+from krill.store.unixfs import ObjectTooLargeError
 
 WEIGHT_REL_TOL = 1e-12
 
@@ -314,7 +315,8 @@ def false_rejection(source: AuditSource, version: int, commit_id: int, worker: s
     try:
         contribution = fetch_payload(source, worker, int(commit.version), bytes(commit.header_digest), nonce)
     except DATA_ERRORS as exc:  # invalid (a payload error: the rejection stands) or unreadable (not judged)
-        if isinstance(exc, StoreError) and unread is not None:
+        # An object over its cap was read far enough to judge: the coordinator rejects it as malformed.
+        if isinstance(exc, StoreError) and not isinstance(exc, ObjectTooLargeError) and unread is not None:
             unread.append(f"commit {commit_id} ({reason_code}): {data_fault(exc)}")
         return None
     if reason_code in PAYLOAD_REASONS:

@@ -82,3 +82,17 @@ def test_a_rejection_whose_payload_cannot_be_read_is_named_as_not_judged(tmp_pat
     row = _entries(world)
     assert row.ok, row.detail
     assert f"1 rejection(s) not judged, payload not readable: commit {cid} ({code}): not available: " in row.detail
+
+
+def test_a_rejected_header_over_its_cap_is_judged_not_named_unread(tmp_path):
+    """A header one byte over the run's cap: the coordinator rejects it as malformed (ObjectTooLargeError in
+    `coordinator/ingest.py`) and the audit, reading the same, finds the rejection stands. The row called it
+    "not judged, payload not readable", a store fault, as if the audit could not read it."""
+    world = World(tmp_path)
+    blob = b"h" * (world.spec.limits.max_header_bytes + 1)
+    world.store.put_block(blob, pin=True)
+    cid = world.chain.commit(A, 0, 0, hashlib.sha256(blob).digest())
+    world.publish(1, rejected=[RejectedEntry(commit_id=cid, worker=A, reason_code="malformed_payload", reason="big")])
+    row = _entries(world)
+    assert row.ok, row.detail
+    assert "not judged" not in row.detail, row.detail
