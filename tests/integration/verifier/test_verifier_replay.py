@@ -281,11 +281,11 @@ def test_a_named_shard_never_replaces_the_drawn_one(run_env, tmp_path):
     loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
     loop.poll_events()
     job = next(j for j in loop.state.pending() if j.commit_id == commit_id)
-    steered = loop.replayer.replay(job, randomness, shard=1)
+    steered = loop.replayer.replay(job, randomness, shard=1, wait_s=60.0)  # the fetches' speed is not tested here
     gradients = [(c.ok, c.figures["shard"]) for c in steered.checks if c.name == "gradient"]
     assert gradients == [(True, 1), (False, 0)]  # the named honest shard passes, the drawn forged one fails
     assert (steered.ok, steered.reason, steered.gradient_shard) == (False, "gradient", 0)
-    named_is_drawn = loop.replayer.replay(job, randomness, shard=0)
+    named_is_drawn = loop.replayer.replay(job, randomness, shard=0, wait_s=60.0)
     assert [c.figures["shard"] for c in named_is_drawn.checks if c.name == "gradient"] == [0]
     assert not named_is_drawn.ok
     loop.state.close()

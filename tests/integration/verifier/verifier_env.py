@@ -192,14 +192,32 @@ def make_loop(env, path, start_block: int, lines: list[str], verifier: int = VER
 
 
 def drive(env, loop: VerifierLoop, commit_ids: list[int], timeout: float = 60.0) -> None:
-    """Step the loop until every commit is decided, mining a block when randomness needs one."""
+    """Step the loop until every commit is decided, mining a block when randomness needs one.
+
+    No block is mined while a fetch for one of `commit_ids` is queued, running, or done and not yet taken (the
+    loop takes it when the commit's retry is due, a time, not a block): the window is counted in blocks, and
+    mined at every step (a few hundredths of a second apart), a fetch a loaded machine made a second slow, or
+    the retry that takes it, outlasted the window, and the honest commit was attested unavailable or missed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         loop.step()
         if all(loop.state.decision(c).status != PENDING for c in commit_ids):
             return
-        env.mine(1)
+        if _fetching(loop, set(commit_ids)):
+            time.sleep(0.02)
+        else:
+            env.mine(1)
     raise AssertionError(f"commits {commit_ids} still pending: {[loop.state.decision(c) for c in commit_ids]}")
+
+
+def _fetching(loop: VerifierLoop, commit_ids: set[int]) -> bool:
+    """Whether the loop has a payload fetch (key: commit, name, CID) or an evidence fetch (key: commit) of one
+    of `commit_ids` queued, running, or done and not taken."""
+    for fetcher, commit_of in ((loop.replayer._fetcher, lambda key: key[0]), (loop._evidence, lambda key: key)):
+        with fetcher._cond:
+            if any(commit_of(key) in commit_ids for key in fetcher._known):
+                return True
+    return False
 
 
 def verdict(env, loop: VerifierLoop, commit_id: int):
