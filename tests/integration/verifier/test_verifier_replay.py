@@ -183,8 +183,8 @@ def test_a_payload_the_store_holds_does_not_hold_the_verifier(run_env, tmp_path)
 
 def test_work_between_fetches_does_not_use_up_the_replays_fetch_wait(run_env, tmp_path, monkeypatch):
     """A replay's fetches share one wait allowance (`wait_s`), and only the waiting draws on it. Counted from
-    the replay's start, a version's masks loaded before the payload fetches (1.5 s here: a larger model's; or
-    a slow check on a loaded machine) used up a 1 s allowance, and a payload on the verifier's own store
+    the replay's start, a version's masks loaded before the payload fetches (4 s here: a larger model's; or
+    a slow check on a loaded machine) used up a 3 s allowance, and a payload on the verifier's own store
     raised PayloadStillFetching, which the loop attests as unavailable from `still_fetching_until` on."""
     from krill.verifier.replay import Policies, Replayer
     from krill.verifier.state import Job
@@ -199,13 +199,13 @@ def test_work_between_fetches_does_not_use_up_the_replays_fetch_wait(run_env, tm
     grad_lengths = Policies.grad_lengths
 
     def slow_grad_lengths(self, version):
-        time.sleep(1.5)  # the version's masks, loaded between the header's fetch and the payload's
+        time.sleep(4.0)  # the version's masks, loaded between the header's fetch and the payload's
         return grad_lengths(self, version)
 
     monkeypatch.setattr(Policies, "grad_lengths", slow_grad_lengths)
     r = loop.replayer
     result = Replayer(r.chain, r.store, r.spec, r.verifier_key, r.chain_id).replay(
-        job, env.at(VERIFIER).randomness_of(commit_id), wait_s=1.0)
+        job, env.at(VERIFIER).randomness_of(commit_id), wait_s=3.0)  # the fetches' own waits: ample, loaded or not
     assert result.ok and result.reason == "passed", result
 
 
