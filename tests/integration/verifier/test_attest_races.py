@@ -28,7 +28,7 @@ def _sealed_commit(env) -> tuple[int, int]:
 
 def _passing_loop(env, tmp_path, start: int, lines: list[str]):
     loop = make_loop(env, tmp_path / "state.sqlite", start, lines)
-    loop.replayer.replay = lambda job, randomness, shard=None: ReplayResult(True, "passed", [])
+    loop.replayer.replay = lambda job, randomness, shard=None, wait_s=None: ReplayResult(True, "passed", [])
     return loop
 
 
