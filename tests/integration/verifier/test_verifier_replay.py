@@ -165,7 +165,10 @@ def test_a_payload_the_store_holds_does_not_hold_the_verifier(run_env, tmp_path)
     def networked_get(cid, **kwargs):
         if cid == junk_cid:
             started.append(cid)
-            release.wait(8)  # the store looking for content nobody has, until its timeout
+            # The store looking for content nobody has, until its timeout: here until the test ends. A stand-in
+            # timeout of 8 s ran out while a loaded machine still drove the honest commit (16 s with each fetch
+            # starting 1 s late), and the retry fetched the junk again: started == [cid, cid].
+            release.wait(120)
             ended.append(cid)
             raise ContentNotFoundError(f"the store found no {cid} within its timeout")
         return get(cid, **kwargs)
