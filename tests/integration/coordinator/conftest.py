@@ -124,6 +124,14 @@ def wait_for(condition, timeout: float, what: str, interval: float = 0.05):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def index_with_headers(indexer) -> None:
+    """Sync `indexer` with every header fetch it queued finished and recorded: a sync waits 2 s for them and
+    leaves the rest running, which on a loaded machine then meet the store a test patches afterwards."""
+    indexer.sync()
+    wait_for(lambda: indexer._fetcher.in_flight() == 0, 30, "the index's header fetches")
+    indexer.sync()
+
+
 def make_env(root: Path, model_dir: Path, spec: dict) -> Env:
     import tomli_w
 

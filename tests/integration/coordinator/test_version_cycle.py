@@ -6,6 +6,7 @@ import hashlib
 import time
 
 import torch
+from conftest import index_with_headers, wait_for  # at import: later, 'conftest' is whichever ran last
 from sqlalchemy import select
 
 from krill.db.models import Contribution, ContributionStatus, Eval, Metric, RejectionCode
@@ -230,7 +231,7 @@ def _networked(ctx, missing: set[str]):
     def networked_get(cid, **kwargs):
         if cid in missing:
             started.append(cid)
-            release.wait(8)
+            release.wait(120)  # until the test sets it
             raise ContentNotFoundError(f"the store found no {cid} within its timeout")
         return get(cid, **kwargs)
 
@@ -251,11 +252,13 @@ def test_junk_commits_hold_one_fetch_thread_of_their_workers_lane_not_the_pass(c
     env.upload(header, files)
     honest_id = env.commit(honest_account, header)
     ctx, indexer = env.context()
-    indexer.sync()
+    index_with_headers(indexer)  # else the index's own fetches of the junk meet the patched store
     release, started = _networked(ctx, missing)
     try:
         report = ingest_module.ingest(ctx, next_version=1)
         assert (report.accepted, report.pending) == (1, 4)
+        wait_for(lambda: started, 30, "the junk lane's first fetch to start")  # a fetch thread starts on its own time
+        time.sleep(0.3)
         assert len(started) == 1  # the junk worker's lane runs one fetch at a time
         with ctx.db.session() as s:
             assert s.get(Contribution, honest_id).status == ContributionStatus.ACCEPTED
@@ -280,10 +283,11 @@ def test_commits_decided_while_their_fetches_run_leave_nothing_held(coordinator_
     junk_account, _ = env.stake(1)
     junk, missing = _commit_junk(env, junk_account, b"stale junk", 3)
     ctx, indexer = env.context()
-    indexer.sync()
+    index_with_headers(indexer)  # else the index's own fetches of the junk meet the patched store
     release, started = _networked(ctx, missing)
     try:
         assert ingest_module.ingest(ctx, next_version=1).pending == 3
+        wait_for(lambda: started, 30, "the lane's first fetch to start")  # else all three are still queued
         assert len(started) == 1
         report = ingest_module.ingest(ctx, next_version=10)  # versions later: every one is too stale
         assert (report.rejected, report.reasons) == (3, {"stale": 3})
