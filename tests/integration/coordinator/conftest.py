@@ -132,6 +132,29 @@ def index_with_headers(indexer) -> None:
     indexer.sync()
 
 
+def step(coordinator, timeout: float = 60.0) -> list:
+    """`coordinator.step()`, again while it published nothing and a fetch it queued (its ingest's or its index's)
+    is queued, running or not yet taken; every version published. A pass waits `PASS_WAIT_S` (2 s) for its
+    fetches and leaves the rest to the next pass: a loaded machine's fetch can take longer, and a test that
+    expects a version from one pass then sees none. With no fetch left over, one pass is the whole answer."""
+    deadline = time.monotonic() + timeout
+    out = coordinator.step()
+    while not out and _fetching(coordinator):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fetches still running after {timeout:.0f} s of passes")
+        time.sleep(0.05)
+        out = coordinator.step()
+    return out
+
+
+def _fetching(coordinator) -> bool:
+    for fetcher in (coordinator.ctx.fetcher, coordinator.indexer._fetcher):
+        with fetcher._cond:
+            if fetcher._known:
+                return True
+    return False
+
+
 def make_env(root: Path, model_dir: Path, spec: dict) -> Env:
     import tomli_w
 

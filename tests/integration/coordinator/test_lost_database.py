@@ -5,6 +5,7 @@ they did, and a contribution is applied once."""
 from __future__ import annotations
 
 import pytest
+from conftest import step  # at import: later, 'conftest' is whichever ran last
 from sqlalchemy import select
 
 from krill.db.models import Contribution, ContributionStatus
@@ -38,7 +39,7 @@ def test_a_coordinator_on_a_new_database_does_not_fold_published_contributions_a
         env.upload(header, files)
         ids.append(env.commit(account, header, version=0))
     ctx, indexer = _context(env, "first.db")
-    assert [f.version for f in Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step()] == [1]
+    assert [f.version for f in step(Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None))] == [1]
     assert [e.commit_id for e in load_record(env.store, env.chain.version_of(env.run_id, 1).record_digest).accepted] \
         == ids
 
@@ -46,7 +47,7 @@ def test_a_coordinator_on_a_new_database_does_not_fold_published_contributions_a
     # within the staleness window of version 2 (S_max = 1), and must not be folded into it again.
     ctx, indexer = _context(env, "second.db")
     coordinator = Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None)
-    assert coordinator.step() == []
+    assert step(coordinator) == []
     assert env.chain.run_of(env.run_id).latest_version == 1
     with ctx.db.session() as s:
         rows = list(s.scalars(select(Contribution).order_by(Contribution.commit_id)))
@@ -62,7 +63,7 @@ def test_a_coordinator_on_a_new_database_does_not_fold_published_contributions_a
     header, files = env.produce(who, nonce=1, version=1)
     env.upload(header, files)
     again = env.commit(account, header, version=1)
-    assert [f.version for f in coordinator.step()] == [2]
+    assert [f.version for f in step(coordinator)] == [2]
     record = load_record(env.store, env.chain.version_of(env.run_id, 2).record_digest)
     assert [e.commit_id for e in record.accepted] == [fresh, again]
 
@@ -88,7 +89,7 @@ def test_a_version_published_but_not_settled_is_settled_on_a_new_database(coordi
 
     monkeypatch.setattr(loop, "settle_version", stopped)
     with pytest.raises(KeyboardInterrupt):
-        Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step()
+        step(Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None))
     monkeypatch.undo()
     assert env.chain.run_of(env.run_id).latest_version == 1 and not env.chain.version_of(env.run_id, 1).settled
     pool = env.chain.run_of(env.run_id).reward_pool
@@ -97,9 +98,9 @@ def test_a_version_published_but_not_settled_is_settled_on_a_new_database(coordi
     assert split
 
     ctx, indexer = _context(env, "second.db")
-    assert Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step() == []
+    assert step(Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None)) == []
     assert env.chain.version_of(env.run_id, 1).settled
     assert env.chain.run_of(env.run_id).reward_pool == pool - sum(n for _, n in split)
     ctx, indexer = _context(env, "third.db")  # again on another new database: nothing is paid twice
-    assert Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None).step() == []
+    assert step(Coordinator(ctx, indexer, LoopOptions(eval_every=0), echo=lambda _: None)) == []
     assert env.chain.run_of(env.run_id).reward_pool == pool - sum(n for _, n in split)

@@ -4,6 +4,8 @@ are rejected in a record; every commit ends in exactly one record, none twice, n
 
 from __future__ import annotations
 
+from conftest import step  # at import: later, 'conftest' is whichever ran last
+
 SPEC = {"rollout": {"prompts_per_contribution": 2, "group_size": 4}, "chain": {"max_staleness": 1}, "eval_n": 8,
         "compression": {"dense_versions": 1},
         "version": {"contributions": 2, "deadline_s": 600.0, "max_per_worker": 1}}
@@ -27,11 +29,11 @@ def test_over_the_cap_contributions_wait_across_a_restart_then_fold_or_are_rejec
 
     a0, a1, a2 = (commit(a, wa, n, 0) for n in range(3))
     b0 = commit(b, wb, 0, 0)
-    assert [f.version for f in coordinator().step()] == [1]
+    assert [f.version for f in step(coordinator())] == [1]
     b1 = commit(b, wb, 1, 1)
-    assert [f.version for f in coordinator().step()] == [2]  # restarted: a1 waited in the database
+    assert [f.version for f in step(coordinator())] == [2]  # restarted: a1 waited in the database
     b2, a3 = commit(b, wb, 2, 2), commit(a, wa, 3, 2)
-    assert [f.version for f in coordinator().step()] == [3]  # a2 is stale for version 3 (S_max = 1)
+    assert [f.version for f in step(coordinator())] == [3]  # a2 is stale for version 3 (S_max = 1)
 
     records = {v: load_record(env.store, env.chain.version_of(env.run_id, v).record_digest) for v in (1, 2, 3)}
     accepted = {v: [e.commit_id for e in r.accepted] for v, r in records.items()}

@@ -6,7 +6,7 @@ import hashlib
 import time
 
 import torch
-from conftest import index_with_headers, wait_for  # at import: later, 'conftest' is whichever ran last
+from conftest import index_with_headers, step, wait_for  # at import: later, 'conftest' is whichever ran last
 from sqlalchemy import select
 
 from krill.db.models import Contribution, ContributionStatus, Eval, Metric, RejectionCode
@@ -42,7 +42,7 @@ def test_create_run_then_one_version_with_forged_and_stale_contributions(coordin
     lines: list[str] = []
     coordinator = Coordinator(ctx, indexer, LoopOptions(poll_interval_s=0.1, eval_every=1, max_versions=2),
                               echo=lines.append)
-    published = coordinator.step()
+    published = step(coordinator)
     assert [f.version for f in published] == [1], lines
     assert env.chain.run_of(env.run_id).latest_version == 1
 
@@ -95,7 +95,7 @@ def test_create_run_then_one_version_with_forged_and_stale_contributions(coordin
     # The late contribution's files arrive; by now it is too stale for version 2 (S_max = 0).
     for data in late_files.values():
         env.store.add(data)
-    assert coordinator.step() == []
+    assert step(coordinator) == []
     with ctx.db.session() as s:
         late = s.get(Contribution, late_id)
         metric = s.get(Metric, (env.run_id.hex(), 1))
@@ -121,10 +121,10 @@ def test_after_its_first_pass_the_coordinator_reads_the_run_only_to_publish_and_
     run_of = ctx.chain.run_of
     ctx.chain.run_of = lambda run_id: reads.append(run_id) or run_of(run_id)
     coordinator = Coordinator(ctx, indexer, LoopOptions(eval_every=0, max_versions=3), echo=lambda _: None)
-    assert [f.version for f in coordinator.step()] == [1]
+    assert [f.version for f in step(coordinator)] == [1]
     assert len(reads) == 3  # the pass's own read, then publication and settlement read it once each
     for _ in range(3):  # passes waiting for contributions to version 2
-        assert coordinator.step() == []
+        assert step(coordinator) == []
     assert len(reads) == 3 and not coordinator.done()
 
 
@@ -158,7 +158,7 @@ def test_a_header_must_name_its_commit_nonce_carry_a_gradient_and_never_reuse_a_
     ctx, indexer = env.context()
     coordinator = Coordinator(ctx, indexer, LoopOptions(poll_interval_s=0.1, eval_every=0, max_versions=3),
                               echo=lambda _: None)
-    assert [f.version for f in coordinator.step()] == [1]
+    assert [f.version for f in step(coordinator)] == [1]
     with ctx.db.session() as s:
         rows = {c.commit_id: c for c in s.scalars(select(Contribution))}
     assert [rows[i].status for i in ids] == [ContributionStatus.ACCEPTED] * 2
@@ -173,7 +173,7 @@ def test_a_header_must_name_its_commit_nonce_carry_a_gradient_and_never_reuse_a_
     header, files = env.produce(w1, nonce=0, version=1)  # nonce 0 again, at version 1
     env.upload(header, files)
     again = env.commit(a1, header, version=1)
-    assert coordinator.step() == []
+    assert step(coordinator) == []
     with ctx.db.session() as s:
         row = s.get(Contribution, again)
     assert row.status == ContributionStatus.REJECTED and row.reason_code == RejectionCode.WRONG_ASSIGNMENT
