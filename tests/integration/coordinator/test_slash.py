@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import wait_for  # at import: later, 'conftest' is whichever ran last
+from conftest import index_with_headers, wait_for  # at import: later, 'conftest' is whichever ran last
 
 from krill.db.models import Contribution, ContributionStatus, RejectionCode
 
@@ -346,14 +346,6 @@ def test_a_coordinator_stopping_at_max_versions_first_slashes_what_became_due_wh
     assert any(line.startswith(f"slashed commit {commits['forged']}") for line in lines), lines
 
 
-def _index_with_headers(indexer) -> None:
-    """Sync `indexer` with every header fetch it queued finished and recorded: a sync waits 2 s for them and
-    leaves the rest running, which on a loaded machine then meet the store a test patches afterwards."""
-    indexer.sync()
-    wait_for(lambda: indexer._fetcher.in_flight() == 0, 30, "the index's header fetches")
-    indexer.sync()
-
-
 def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coordinator_env):
     """The confirming fetch of a commit at the failing quorum is not queued behind ingest's fetches of the same
     worker's other commits: on a networked store each of those waits out the store's timeout, so a worker that
@@ -381,7 +373,7 @@ def test_withheld_content_is_confirmed_while_the_workers_other_fetches_hang(coor
         hanging[digest_to_cid(digest)] = nonce
     env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
     ctx, indexer = env.context()
-    _index_with_headers(indexer)
+    index_with_headers(indexer)
     timeout = threading.Event()  # set: the store's timeout has run out
     get = ctx.store.get
 
@@ -435,7 +427,7 @@ def test_withheld_content_is_confirmed_while_other_accounts_fetches_hold_every_f
     env.chain.as_account(verifier).attest(junk_id, False, hashlib.sha256(b"unavailable").digest())
     ctx, indexer = env.context()
     assert len(accounts) >= ctx.fetcher.threads
-    _index_with_headers(indexer)
+    index_with_headers(indexer)
     timeout = threading.Event()  # set: the store's timeout has run out
     get = ctx.store.get
     holding = []
