@@ -358,25 +358,28 @@ def test_a_slow_fetch_late_in_the_window_is_waited_for_not_attested_unavailable(
     release, get = threading.Event(), store.get
 
     def slow_get(cid, max_bytes=None):
-        release.wait(5)  # the content is there; the store takes its time
+        release.wait(60)  # the content is there; the store takes its time (until the test sets it)
         return get(cid, max_bytes=max_bytes)
 
     store.get = slow_get
-    loop.step()
-    assert chain.sent == 0 and state.decision(7).status == PENDING  # waited for, not attested unavailable
-    release.set()
-    fetcher, deadline = loop.replayer._fetcher, time.monotonic() + 5
-    while fetcher.in_flight() and time.monotonic() < deadline:  # the fetch ends, its result waits to be taken
-        time.sleep(0.01)
-    loop._retry_at.clear()
-    loop.step()  # the fetch has ended: the honest header passes (the fake run data stops the replay after it)
-    assert chain.sent == 0 and state.decision(7).status == PENDING and store.gets >= 1
+    try:
+        loop.step()
+        assert chain.sent == 0 and state.decision(7).status == PENDING  # waited for, not attested unavailable
+        release.set()
+        fetcher, deadline = loop.replayer._fetcher, time.monotonic() + 30
+        while fetcher.in_flight():  # the fetch ends, its result waits to be taken
+            assert time.monotonic() < deadline, "the released fetch did not end in 30 s"
+            time.sleep(0.01)
+        loop._retry_at.clear()
+        loop.step()  # the fetch has ended: the honest header passes (the fake run data stops the replay after it)
+        assert chain.sent == 0 and state.decision(7).status == PENDING and store.gets >= 1
 
-    release.clear()
-    chain.head = select.still_fetching_until(COMMIT_BLOCK, WINDOW)  # a fetch that never ends is given up on
-    loop._retry_at.clear()
-    loop.step()
-    release.set()
+        release.clear()
+        chain.head = select.still_fetching_until(COMMIT_BLOCK, WINDOW)  # a fetch that never ends is given up on
+        loop._retry_at.clear()
+        loop.step()
+    finally:
+        release.set()
     decision = state.decision(7)
     assert (chain.sent, decision.status, decision.ok, decision.reason) == (1, ATTESTED, False, "unavailable")
     assert select.can_still_attest(chain.head, COMMIT_BLOCK, WINDOW)
