@@ -327,7 +327,7 @@ def test_failing_evidence_slow_to_fetch_does_not_hold_the_loop(verifier):
     assert verifier.state.decision(7).status != ATTESTED and FakeReplayer.shards == []
     assert any("still being fetched" in line for line in verifier.lines), verifier.lines
     served.set()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a loaded machine: the loop retries until the fetch comes
     while verifier.state.decision(7).status != ATTESTED and time.monotonic() < deadline:
         verifier.step()
     assert verifier.state.decision(7).status == ATTESTED and FakeReplayer.shards == [1]
