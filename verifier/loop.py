@@ -74,6 +74,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -524,9 +525,18 @@ class HeadPace:
     by the newest head's first read). Twice the fast estimate alone was no bound: a head that moved
     once, several blocks between two reads (a first replay of 3 s, say), gives a fast estimate of 0,
     every window looked closed, the back-off after an outage went uncapped and slept past the window.
-    None where the reads set no such bound yet (the head has not moved two blocks): not known passed."""
+    None where the reads set no such bound yet (the head has not moved two blocks): not known passed.
+
+    A stall (a sequencer outage of minutes) is one move among the last `SPAN` and weighed the span's
+    mean for the next `SPAN` moves: after 120 s without a block at 1 s blocks the estimate read 6.7 s,
+    a back-off of 30 s went uncapped and slept past a window of 40 (a withheld payload ended
+    `missed`). Once `TYPICAL_MOVES` moves are seen, the estimate is at most the median of the moves'
+    own block times (each head's arrival taken as the middle of the span it appeared in), which one
+    stall does not move. A verifier started during a stall has seen no move before it and still
+    misjudges the pace until the stall leaves the span."""
 
     SPAN = 32
+    TYPICAL_MOVES = 3
 
     def __init__(self):
         self._moves: deque[tuple[float, float, int]] = deque(maxlen=self.SPAN)  # (read before, first read, head)
@@ -546,7 +556,17 @@ class HeadPace:
         if len(self._moves) < 2 or self._read_at is None:
             return None
         (_, first_at, first), (before, last_at, last) = self._moves[0], self._moves[-1]
-        return max(max(0.0, before - first_at) / (last - first), self._read_at - last_at)
+        seconds = max(0.0, before - first_at) / (last - first)
+        if len(self._moves) > self.TYPICAL_MOVES:
+            seconds = min(seconds, self._typical_move_seconds())
+        return max(seconds, self._read_at - last_at)
+
+    def _typical_move_seconds(self) -> float:
+        """The median over the moves seen of a move's block time, each head's arrival taken as the middle of
+        the span it appeared in (after the read before its first read, by that read)."""
+        arrivals = [((before + first_read) / 2, head) for before, first_read, head in self._moves]
+        return statistics.median((t1 - t0) / (h1 - h0) for (t0, h0), (t1, h1) in zip(arrivals, arrivals[1:],
+                                                                                         strict=False))
 
     def seconds_until(self, block: int, now: float, slow: bool = False) -> float | None:
         """Estimated seconds from `now` until the head reaches `block` (0 or less: already there, by the

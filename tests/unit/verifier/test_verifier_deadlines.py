@@ -44,9 +44,11 @@ class Clock:
 
 class TimedChain:
     """Block COMMIT_BLOCK + 1 at time 0, then one block every `block_s` seconds (or, with `block_s` None,
-    blocks only as the test mines them); unreachable during `outage` (start, end) in seconds."""
+    blocks only as the test mines them), none during `stall` (start, end) in seconds; unreachable during
+    `outage` (start, end)."""
 
     address = CONTRACT
+    stall = (0.0, 0.0)
 
     def __init__(self, clock: Clock, window: int, block_s: float | None, outage=None):
         self.clock, self.window, self.block_s, self.outage = clock, window, block_s, outage
@@ -56,7 +58,9 @@ class TimedChain:
     def block_number(self) -> int:
         if self.outage is not None and self.outage[0] <= self.clock.now < self.outage[1]:
             raise ChainUnavailableError("cannot reach the node at http://127.0.0.1:8545 (connection refused)")
-        ticks = 0 if self.block_s is None else int(self.clock.now / self.block_s)
+        start, end = self.stall
+        ticking = min(self.clock.now, start) + max(0.0, self.clock.now - end) if end > start else self.clock.now
+        ticks = 0 if self.block_s is None else int(ticking / self.block_s)
         return COMMIT_BLOCK + 1 + ticks + self.mined
 
     def block_hash(self, number):
@@ -180,6 +184,22 @@ def test_an_outage_after_a_head_that_jumped_is_still_capped_by_the_window(tmp_pa
     assert max(clock.sleeps) <= 3.0  # 16 s before
 
 
+@pytest.mark.parametrize(("window", "stall_s"), [(40, 120.0), (40, 300.0)])
+def test_a_stall_of_the_chain_does_not_make_the_verifier_sleep_past_the_window(tmp_path, monkeypatch, window,
+                                                                               stall_s):
+    """1 s blocks stop for minutes after block 110 (a sequencer outage), then go on. The stall weighed the
+    32-move mean the pace was: after 120 s the estimate read 6.7 s a block, the 30 s back-off went uncapped,
+    the verifier read the head next at block 146, past the window of 40, and the withheld payload ended
+    `missed`; the estimate is now at most the median of the moves' own block times."""
+    monkeypatch.setattr(TimedChain, "stall", (10.0, 10.0 + stall_s))
+    loop, chain, clock = _verifier(tmp_path, monkeypatch, window, 1.0)
+    _run_until_decided(loop, clock, limit_s=stall_s + 3 * window)
+    decision = loop.state.decision(7)
+    assert (decision.status, decision.ok, decision.reason) == (ATTESTED, False, "unavailable"), decision
+    assert select.unavailable_after(COMMIT_BLOCK, window) < chain.attested[0] <= select.last_block(COMMIT_BLOCK,
+                                                                                                   window)
+
+
 def test_a_replay_waiting_on_a_fetch_is_capped_by_the_block_deadline(tmp_path, monkeypatch):
     """At 0.5 s a block a replay waited `PASS_WAIT_S` (2 s, four blocks) for a fetch that never ends: on a window
     of 8 the second replay began at block 106 and gave up at 110, past the window (`missed`). The wait is now
@@ -266,6 +286,15 @@ def test_the_pace_errs_fast_and_stretches_while_the_head_stands_still():
     assert pace.seconds_until(111, 1.5) == pytest.approx(0.5 + 10 * 0.5 - 1.5)
     pace.observe(101, 9.5)  # standing still for 8 s
     assert pace.block_seconds() == pytest.approx(8.0)
+
+
+def test_one_long_move_does_not_set_the_pace_once_three_moves_are_seen():
+    pace = HeadPace()
+    for second in range(6):  # a block a second, read every second
+        pace.observe(101 + second, float(second))
+    pace.observe(106, 120.0)  # no block for two minutes
+    pace.observe(107, 121.0)
+    assert pace.block_seconds() == pytest.approx(1.0)  # was the span's mean: 120 s / 6 blocks = 20 s
 
 
 def test_the_slow_estimate_is_what_the_reads_allow_when_the_fast_one_is_0():
