@@ -71,7 +71,7 @@ def test_the_blocks_of_a_held_repo_are_read_without_a_node(held, tmp_path):
     started = time.monotonic()
     with pytest.raises(ContentNotFoundError, match="nothing is fetched from the network"):
         reader.get(file_cid(b"nobody stored this"))
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 5  # no network wait (the repo's node would wait its 30 s timeout)
     with pytest.raises(StoreError, match="read-only"):
         reader.add(b"anything")
     with pytest.raises(StoreError, match="read-only"):

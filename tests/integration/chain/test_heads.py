@@ -63,7 +63,7 @@ def test_without_a_websocket_the_waiter_sleeps_the_timeout_and_honours_stop():
     stop = threading.Event()
     stop.set()
     started = time.monotonic()
-    assert waiter.wait(5.0, stop) is False and time.monotonic() - started < 0.5
+    assert waiter.wait(5.0, stop) is False and time.monotonic() - started < 2.5  # not the 5 s asked for
     assert HeadWaiter(None).wait(0.01) is False  # an in-process chain: no URL
 
 

@@ -27,7 +27,7 @@ def test_build_is_reproducible_and_cached(small_spec, tmp_path):
     mtime = (a / "model.safetensors").stat().st_mtime_ns
     started = time.perf_counter()
     assert ensure_base_model(recipe, home=tmp_path / "a") == a
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 5  # a cache hit: the build itself takes about a minute
     assert (a / "model.safetensors").stat().st_mtime_ns == mtime
     assert not [p for p in (tmp_path / "a" / "models").iterdir() if p.name.startswith(".tmp")]
 

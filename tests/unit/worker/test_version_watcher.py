@@ -236,7 +236,7 @@ def test_run_source_serves_cached_versions_while_another_is_fetched(monkeypatch)
         t.start()
     assert _wait_for(lambda: calls == [0, 1])
     started = time.monotonic()
-    assert source.version(0).v == 0 and time.monotonic() - started < 0.5  # not behind the fetch of 1
+    assert source.version(0).v == 0 and time.monotonic() - started < 2.5  # not behind the fetch of 1 (gated)
     gate.set()
     for t in fetchers:
         t.join(5.0)
