@@ -7,9 +7,9 @@ Design decisions:
   the index tables and replays from the deploy block; role state is never touched. It is the
   remedy `SchemaVersionError` names for an index of another schema version, so it opens the
   database with `rebuilding_index`, which resets such index tables instead of refusing them.
-- `sync` only reads the store: on an embedded-Kubo repo a running role's node holds (a coordinator's,
+- `sync` and `rebuild` only read the store: on an embedded-Kubo repo a running role's node holds (a coordinator's,
   a worker's) it reads the blocks already there on disk (`open_store_to_read`, said once on stderr), and
-  content not there is recorded unavailable, retried by a later sync. It stopped with `RepoInUseError`.
+  content not there is recorded unavailable, retried by a later sync. They stopped with `RepoInUseError`.
   `sync --follow` keeps that error: each pass would retry that content at once, without a node, and use up
   its fetch attempts (`max_fetch_attempts`) in as many polls; `--no-store` follows the events alone.
 - Output is one line per pass (blocks, events, content fetched); `--json` prints machine-readable
@@ -102,7 +102,7 @@ def sync(follow: bool, poll_s: float | None, no_store: bool, as_json: bool) -> N
 def rebuild(no_store: bool, as_json: bool) -> None:
     """Drop the index tables and replay the chain from the deploy block (role state is kept)."""
     with ExitStack() as stack:
-        indexer, _ = _open(stack, with_store=not no_store, rebuilding=True)
+        indexer, _ = _open(stack, with_store=not no_store, rebuilding=True, read_held_repo=True)
         report = indexer.rebuild()
         click.echo(_report_json(report) if as_json else "rebuilt: " + _line(report))
 

@@ -31,12 +31,12 @@ def played(tmp_path_factory):
     return play(connect_in_process(accounts=10), LocalStore(root / "store")), root / "store"
 
 
-def _sync(sc, monkeypatch, db, store: list[str], *args):
+def _sync(sc, monkeypatch, db, store: list[str], *args, command: str = "sync"):
     import krill.runtime
 
     monkeypatch.setattr(krill.runtime, "connect_chain", lambda config: sc.chain())
     sets = [f"database.url=sqlite:///{db}", f"chain.deploy_block={sc.deployment.block_number}", *store]
-    return CliRunner().invoke(cli, [*[a for s in sets for a in ("--set", s)], "index", "sync", *args])
+    return CliRunner().invoke(cli, [*[a for s in sets for a in ("--set", s)], "index", command, *args])
 
 
 def test_sync_reads_the_content_a_running_nodes_repo_holds(played, held, tmp_path, monkeypatch):
@@ -78,3 +78,19 @@ def test_sync_follow_still_refuses_a_held_repo_with_advice(played, held, tmp_pat
                              f"node of the IPFS repo {repo.resolve()}, and pid {holder.pid} runs that node: run "
                              "`krill index sync` without --follow (one pass, reading the blocks already in the "
                              "repo), or follow the events alone with --follow --no-store\n")
+
+
+def test_rebuild_reads_the_content_a_running_nodes_repo_holds(played, held, tmp_path, monkeypatch):
+    """`krill index rebuild` reads the store as `sync` does; it stopped with `RepoInUseError` on a held repo."""
+    sc, local = played
+    repo, holder, _, _ = held
+    copy_blocks(local, repo)
+    kubo = ["store.type=embedded-kubo", f"store.repo_path={repo}", "store.timeout_s=30"]
+    result = _sync(sc, monkeypatch, tmp_path / "rebuilt.db", kubo, "--json", command="rebuild")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stderr.startswith(f"note: pid {holder.pid} holds the IPFS repo {repo.resolve()} ")
+    direct = _sync(sc, monkeypatch, tmp_path / "direct.db", ["store.type=local", f"store.path={local}"], "--json",
+                   command="rebuild")
+    assert direct.exit_code == 0, direct.output
+    assert json.loads(result.stdout) == json.loads(direct.stdout)
+    assert holder.poll() is None
