@@ -5,6 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def held_note(pid: int, repo: Path) -> str:
+    """The line a command prints on stderr when it reads the blocks of `repo`, which pid `pid`'s node holds."""
+    return (f"note: pid {pid} holds the IPFS repo {Path(repo).resolve()} (its node runs there), so this reads the "
+            "blocks already in the repo on disk, without a node: content not in this repo cannot be fetched from the "
+            "network now\n")
+
+
 def copy_blocks(local_store: Path, repo: Path) -> int:
     """Copy every block of the local store at `local_store` into the Kubo repo `repo`'s flatfs, as the holding
     node's process writes its blocks (`EmbeddedKuboStore._write_block`); returns how many."""

@@ -10,7 +10,7 @@ import json
 import pytest
 import test_embedded_kubo_repo_in_use
 import torch
-from held_repo import copy_blocks, drop_block
+from held_repo import copy_blocks, drop_block, held_note
 from test_audit_release import Run
 
 from krill.chain.anvil import AnvilProcess
@@ -44,18 +44,12 @@ def _audit_held(run, repo):
                               obj={"config_path": None, "overrides": tuple(overrides)})
 
 
-def _note(pid, repo) -> str:
-    return (f"note: pid {pid} holds the IPFS repo {repo.resolve()} (its node runs there), so this reads the blocks "
-            "already in the repo on disk, without a node: content not in this repo cannot be fetched from the "
-            "network now\n")
-
-
 def test_audit_reads_the_run_from_a_repo_a_running_node_holds(run, held):
     repo, holder, _, _ = held
     copy_blocks(run.store_path, repo)
     result = _audit_held(run, repo)
     assert result.exit_code == 0, (result.output, result.exception)
-    assert result.stderr == _note(holder.pid, repo)
+    assert result.stderr == held_note(holder.pid, repo)
     report = json.loads(result.stdout)
     assert report["ok"], [c for c in report["checks"] if not c["ok"]]
     assert {"manifest digest", "shard 0 weights", "shard 1 weights", "recompute"} <= {c["name"] for c in report["checks"]}
@@ -70,7 +64,7 @@ def test_content_not_in_the_held_repo_fails_the_audit_as_not_available(run, held
     drop_block(repo, missing)
     result = _audit_held(run, repo)
     assert result.exit_code == 1, (result.output, result.exception)
-    assert result.stderr == _note(holder.pid, repo)
+    assert result.stderr == held_note(holder.pid, repo)
     report = json.loads(result.stdout)
     assert report["ok"] is False
     failed = {c["name"]: c["detail"] for c in report["checks"] if not c["ok"]}

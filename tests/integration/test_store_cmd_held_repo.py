@@ -9,7 +9,7 @@ import time
 import pytest
 import test_embedded_kubo_repo_in_use
 from click.testing import CliRunner
-from held_repo import drop_block
+from held_repo import drop_block, held_note
 
 from krill.cli import cli
 from krill.store.cid import file_cid
@@ -27,22 +27,16 @@ def _krill(repo, *args):
                                     "--set", "store.timeout_s=30", *args])
 
 
-def _note(pid, repo) -> str:
-    return (f"note: pid {pid} holds the IPFS repo {repo.resolve()} (its node runs there), so this reads the blocks "
-            "already in the repo on disk, without a node: content not in this repo cannot be fetched from the "
-            "network now\n")
-
-
 def test_get_and_cat_read_the_blocks_of_a_repo_a_running_node_holds(held, tmp_path):
     repo, holder, cid, block = held
     result = _krill(repo, "store", "cat", cid)
     assert result.exit_code == 0, result.output
     assert result.stdout_bytes == CONTENT
-    assert result.stderr == _note(holder.pid, repo)  # said once
+    assert result.stderr == held_note(holder.pid, repo)  # said once
     result = _krill(repo, "store", "get", block, "-o", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out").read_bytes() == b"a header"
-    assert result.stderr == _note(holder.pid, repo) + f"8 bytes written to {tmp_path / 'out'}\n"
+    assert result.stderr == held_note(holder.pid, repo) + f"8 bytes written to {tmp_path / 'out'}\n"
     assert holder.poll() is None  # the holder's node runs on
 
 
@@ -53,7 +47,7 @@ def test_content_not_in_a_held_repo_is_an_error_naming_the_cid_at_once(held):
     result = _krill(repo, "store", "cat", absent)
     assert time.monotonic() - started < 10  # not the 30 s a fetch from the network would wait
     assert result.exit_code == 1 and result.stdout_bytes == b""
-    assert result.stderr.startswith(_note(holder.pid, repo) + "error: ")  # one line, no traceback
+    assert result.stderr.startswith(held_note(holder.pid, repo) + "error: ")  # one line, no traceback
     assert f"{absent} is not among the blocks already in the IPFS repo {repo.resolve()} (read without a node: " \
            "nothing is fetched from the network)" in result.stderr
     leaf = [c for c, _ in build_file_dag(CONTENT)][0]

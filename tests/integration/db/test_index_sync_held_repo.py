@@ -10,7 +10,7 @@ import pytest
 import test_embedded_kubo_repo_in_use
 from click.testing import CliRunner
 from db_scenario import play
-from held_repo import copy_blocks
+from held_repo import copy_blocks, held_note
 from sqlalchemy import select
 
 from krill.chain.rpc import connect_in_process
@@ -46,9 +46,7 @@ def test_sync_reads_the_content_a_running_nodes_repo_holds(played, held, tmp_pat
     kubo = ["store.type=embedded-kubo", f"store.repo_path={repo}", "store.timeout_s=30"]
     result = _sync(sc, monkeypatch, tmp_path / "held.db", kubo, "--json")
     assert result.exit_code == 0, (result.output, result.exception)
-    assert result.stderr == (f"note: pid {holder.pid} holds the IPFS repo {repo.resolve()} (its node runs there), "
-                             "so this reads the blocks already in the repo on disk, without a node: content not in "
-                             "this repo cannot be fetched from the network now\n")
+    assert result.stderr == held_note(holder.pid, repo)
     held_report = json.loads(result.stdout)
     # what a sync of the same content in a store of its own fetches
     direct = _sync(sc, monkeypatch, tmp_path / "direct.db", ["store.type=local", f"store.path={local}"], "--json")
@@ -88,7 +86,7 @@ def test_rebuild_reads_the_content_a_running_nodes_repo_holds(played, held, tmp_
     kubo = ["store.type=embedded-kubo", f"store.repo_path={repo}", "store.timeout_s=30"]
     result = _sync(sc, monkeypatch, tmp_path / "rebuilt.db", kubo, "--json", command="rebuild")
     assert result.exit_code == 0, (result.output, result.exception)
-    assert result.stderr.startswith(f"note: pid {holder.pid} holds the IPFS repo {repo.resolve()} ")
+    assert result.stderr == held_note(holder.pid, repo)
     direct = _sync(sc, monkeypatch, tmp_path / "direct.db", ["store.type=local", f"store.path={local}"], "--json",
                    command="rebuild")
     assert direct.exit_code == 0, direct.output
