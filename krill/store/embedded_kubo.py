@@ -117,6 +117,11 @@ class RepoInUseError(StoreUnavailableError):
         self.repo = repo
         self.holder = holder
 
+    @property
+    def who(self) -> str:
+        """The holder, as a message names it."""
+        return f"pid {self.holder}" if self.holder is not None else "a process not visible from here"
+
 
 def repo_lock_state(repo: Path) -> tuple[bool, int | None]:
     """(held, pid): whether another process holds a POSIX write lock on `repo/repo.lock` (Kubo's repo lock), and
@@ -149,8 +154,7 @@ def repo_lock_state(repo: Path) -> tuple[bool, int | None]:
 
 def held_repo_note(exc: RepoInUseError) -> str:
     """One line for a reader of a held repo's blocks (`RepoBlocksReader`): whose node holds it, and what that costs."""
-    who = f"pid {exc.holder}" if exc.holder is not None else "a process not visible from here"
-    return (f"note: {who} holds the IPFS repo {exc.repo} (its node runs there), so this reads the blocks already in "
+    return (f"note: {exc.who} holds the IPFS repo {exc.repo} (its node runs there), so this reads the blocks already in "
             "the repo on disk, without a node: content not in this repo cannot be fetched from the network now")
 
 
