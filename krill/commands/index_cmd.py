@@ -78,9 +78,9 @@ def sync(follow: bool, poll_s: float | None, no_store: bool, as_json: bool) -> N
         try:
             indexer, config = _open(stack, with_store=not no_store, read_held_repo=not follow)
         except RepoInUseError as exc:  # only with --follow (module docstring)
-                raise RepoInUseError(f"krill index sync --follow fetches content as it is published, which needs the "
-                                 f"node of the IPFS repo {exc.repo}, and {exc.who} runs that node: run `krill index sync` "
-                                 "without --follow (one pass, reading the blocks already in the repo), or follow "
+            raise RepoInUseError(f"krill index sync --follow fetches content as it is published, which needs the "
+                                 f"node of the IPFS repo {exc.repo}, and {exc.who} runs that node: run `krill index "
+                                 "sync` without --follow (one pass, reading the blocks already in the repo), or follow "
                                  "the events alone with --follow --no-store", exc.repo, exc.holder) from exc
 
         def show(report) -> None:

@@ -28,8 +28,8 @@ def _store(command: str):
     try:
         return open_store(current_config().store)
     except RepoInUseError as exc:
-        raise RepoInUseError(f"krill store {command} writes to the IPFS repo {exc.repo} through its node, which {exc.who} "
-                             "runs: run it once that process has stopped, or against another repo "
+        raise RepoInUseError(f"krill store {command} writes to the IPFS repo {exc.repo} through its node, which "
+                             f"{exc.who} runs: run it once that process has stopped, or against another repo "
                              "(--set store.repo_path=...); get and cat read the repo's blocks meanwhile",
                              exc.repo, exc.holder) from exc
 
