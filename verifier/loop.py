@@ -422,7 +422,7 @@ class VerifierLoop:
 
         until, head = select.still_fetching_until(job.commit_block, self.window), self._pace.head()
         if head is not None and head >= until:
-            until = select.last_block(job.commit_block, self.window) - 1
+            until = select.last_send_head(job.commit_block, self.window)
         return self._capped(PASS_WAIT_S, until, 0.0)
 
     def _retry_later(self, job: Job, why: str, announce: bool = False, until: int | None = None) -> None:
@@ -433,7 +433,7 @@ class VerifierLoop:
         first = delay == 0.0
         delay = min(self.settings.max_backoff_s, max(self.settings.payload_retry_s, delay * 2))
         if until is None:
-            until = select.last_block(job.commit_block, self.window) - 1
+            until = select.last_send_head(job.commit_block, self.window)
         wait = self._capped(delay, until, self.settings.payload_retry_s)
         if first or announce:
             self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  waiting: {why}"
@@ -444,7 +444,7 @@ class VerifierLoop:
         """How long to back off after an outage: `delay`, capped by the nearest window of a pending commit (the
         last head a transaction sent still lands from) that even the slow estimate does not put behind."""
         now, pace = time.monotonic(), self._pace
-        ends = sorted({select.last_block(job.commit_block, self.window) - 1 for job in self.state.pending()})
+        ends = sorted({select.last_send_head(job.commit_block, self.window) for job in self.state.pending()})
         ahead = [end for end in ends if (left := pace.seconds_until(end, now, slow=True)) is None or left > 0]
         if not ahead:
             return delay

@@ -51,9 +51,14 @@ def last_block(commit_block: int, window: int) -> int:
     return commit_block + window
 
 
+def last_send_head(commit_block: int, window: int) -> int:
+    """The last head at which a transaction sent (mined at head + 1 or later) can still land in the window."""
+    return last_block(commit_block, window) - 1
+
+
 def can_still_attest(head: int, commit_block: int, window: int) -> bool:
     """Whether a transaction sent now (mined at head + 1 or later) can still land in the window."""
-    return head + 1 <= last_block(commit_block, window)
+    return head <= last_send_head(commit_block, window)
 
 
 def unavailable_after(commit_block: int, window: int) -> int:
