@@ -107,6 +107,11 @@ class Fetcher:
         with self._cond:
             return key in self._known
 
+    def keys(self) -> list[Hashable]:
+        """The keys queued, running, or done and not yet taken."""
+        with self._cond:
+            return list(self._known)
+
     def wait(self, keys: Iterable[Hashable], timeout_s: float) -> None:
         """Block until every one of `keys` submitted here is done, or `timeout_s` has passed."""
         keys = list(keys)

@@ -172,11 +172,7 @@ def ingest_taken(ctx, next_version: int, now: float | None = None, timeout: floa
 
 
 def _fetching(*fetchers) -> bool:
-    for fetcher in fetchers:
-        with fetcher._cond:
-            if fetcher._known:
-                return True
-    return False
+    return any(fetcher.keys() for fetcher in fetchers)
 
 
 def make_env(root: Path, model_dir: Path, spec: dict) -> Env:

@@ -213,11 +213,9 @@ def drive(env, loop: VerifierLoop, commit_ids: list[int], timeout: float = 60.0)
 def _fetching(loop: VerifierLoop, commit_ids: set[int]) -> bool:
     """Whether the loop has a payload fetch (key: commit, name, CID) or an evidence fetch (key: commit) of one
     of `commit_ids` queued, running, or done and not taken."""
-    for fetcher, commit_of in ((loop.replayer._fetcher, lambda key: key[0]), (loop._evidence, lambda key: key)):
-        with fetcher._cond:
-            if any(commit_of(key) in commit_ids for key in fetcher._known):
-                return True
-    return False
+    return any(commit_of(key) in commit_ids
+               for fetcher, commit_of in ((loop.replayer._fetcher, lambda key: key[0]), (loop._evidence, lambda key: key))
+               for key in fetcher.keys())
 
 
 def verdict(env, loop: VerifierLoop, commit_id: int):
