@@ -5,7 +5,8 @@ Design decisions:
   wallet can open it. The Ed25519 seed that signs payload headers is sealed with a key derived from
   the same password by Argon2id (libsodium via pynacl) and XSalsa20-Poly1305 (SecretBox).
 - One JSON file `{"krill_keystore": 1, "name", "address", "ed25519_public_key", "ethereum": {...},
-  "ed25519": {...}}`, written atomically with mode 0600; public fields are readable without the
+  "ed25519": {...}}`, written atomically with mode 0600, and never over an existing one unless asked
+  (`overwrite`), even when two processes create the same name at once; public fields are readable without the
   password so `krill keys list/show` never asks for it.
 - KDF cost is a parameter: interactive defaults for people, cheaper settings for tests and devnets
   (`KdfCost.FAST`), recorded in the file so opening always uses what sealing used.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -131,12 +133,24 @@ def create_keystore(name: str, password: str, *, directory: Path | None = None, 
         "ed25519": _seal_seed(seed, password, cost),
     }
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1)
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)
+    # A temporary name of this call's own (created 0600), published with link(), which fails if the name
+    # exists: two `init`s making one keystore at once both passed the check above, and the one renaming last
+    # replaced the other's key (which that one had already reported, and funded), or found their shared
+    # temporary file renamed away.
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+        if overwrite:
+            tmp.replace(path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise KeystoreError(f"keystore {path} already exists (choose another --name)") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return KeystoreInfo(name, path, account.address, doc["ed25519_public_key"])
 
 

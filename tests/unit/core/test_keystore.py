@@ -1,5 +1,6 @@
 import json
 import os
+import threading
 
 import pytest
 from nacl.signing import VerifyKey
@@ -42,6 +43,30 @@ def test_refuses_overwrite_bad_names_and_empty_password(tmp_path):
     with pytest.raises(KeystoreError, match="empty password"):
         create_keystore("w2", "", directory=tmp_path, cost=KdfCost.FAST)
 
+
+
+def test_same_name_created_at_once_keeps_one_key(tmp_path):
+    """Keystores of one name created at the same moment: one is made, the others refused, and the file on
+    disk holds the key the one reported (the last rename used to replace keys already reported as made)."""
+    def create(folder, start, results):
+        start.wait()
+        try:
+            results.append(create_keystore("w", "pw", directory=folder, cost=KdfCost.FAST).address)
+        except KeystoreError as exc:
+            results.append(str(exc))
+
+    for attempt in range(10):
+        folder, start, results = tmp_path / str(attempt), threading.Barrier(6), []
+        threads = [threading.Thread(target=create, args=(folder, start, results)) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        made = [r for r in results if r.startswith("0x")]
+        assert len(made) == 1 and read_info(folder / "w.json").address == made[0]
+        assert all("already exists" in r for r in results if r not in made)
+        assert [p.name for p in folder.iterdir()] == ["w.json"]  # no temporary file left
+        assert unlock(folder / "w.json", "pw").address == made[0]
 
 def test_tampered_public_fields_detected(tmp_path):
     info = create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
