@@ -10,8 +10,9 @@ Design decisions:
   and how far a pending write's fees are raised), since a coordinator that must publish in time and a
   worker on a small stake price their gas differently; every client of the role shares them.
 - A database that cannot be opened (server down, wrong password, no such driver, a SQLite folder
-  that cannot be made) is one `DatabaseError` line naming the URL with its password hidden
-  (`database_errors`), for every command that opens one, as the explorer already did.
+  that cannot be made, a SQLite file that is not a database) is one `DatabaseError` line naming the
+  URL with its password hidden (`database_errors`), for every command that opens one, as the
+  explorer already did.
 - An index of another schema version is refused with "run `krill index rebuild`"; that command opens
   the database with `rebuilding_index`, which resets such index tables before the version check,
   so the advice is not a dead end. Role state of another version is still refused, untouched.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -110,6 +112,7 @@ def database_errors(url: str, setting: str = "database.url", what: str = "the da
     the URL with its password hidden (and cut out of the driver's reason, should it echo it)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
+    from sqlalchemy.exc import DatabaseError as DriverDatabaseError
 
     from krill.db.errors import DatabaseError
 
@@ -134,6 +137,12 @@ def database_errors(url: str, setting: str = "database.url", what: str = "the da
         reason = hidden(lines[0] if lines else type(exc).__name__)
         raise DatabaseError(f"cannot open {what} {shown}: {reason}; check {setting} and that its server is "
                             "running") from None
+    except DriverDatabaseError as exc:
+        # SQLite: the URL names a file that is not a database, or a damaged one. It is left as it is.
+        if getattr(exc.orig, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            raise
+        raise DatabaseError(f"cannot open {what} {shown}: {hidden(str(exc.orig))}; check {setting}: it names a "
+                            "file that is not a SQLite database, or a damaged one (left untouched)") from None
     except OSError as exc:  # SQLite: the database's folder cannot be made
         raise DatabaseError(f"cannot open {what} {shown}: {exc.strerror or exc}"
                             f"{f' ({exc.filename})' if exc.filename else ''}; check {setting}") from None

@@ -67,3 +67,20 @@ def test_explorer_checks_its_db_flag_as_database_url(tmp_path):
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
     assert result.output.startswith("error: --db: expected a sqlite:///path.db"), result.output
     assert "pw-2" not in result.output and result.output.count("\n") == 1
+
+
+@pytest.mark.parametrize("content", [b"notes, not a database\n", b"SQLite format 3\x00" + b"garbage" * 600],
+                         ids=["text-file", "damaged-database"])
+def test_a_sqlite_url_naming_a_file_that_is_not_a_database_is_one_line_and_the_file_is_kept(content, tmp_path):
+    """Before: sqlalchemy's DatabaseError ('file is not a database') escaped `krill explorer`, `krill index ...`
+    and `krill coordinator run` as a traceback."""
+    not_a_db = tmp_path / "notes.txt"
+    not_a_db.write_bytes(content)
+    result = CliRunner().invoke(cli, ["explorer", "--port", "0", "--db", f"sqlite:///{not_a_db}"],
+                                env={"KRILL_HOME": str(tmp_path / "home"), "KRILL_CONFIG": None})
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert result.output == (f"error: cannot open the index database sqlite:///{not_a_db}: file is not a database; "
+                             "check database.url (or --db): it names a file that is not a SQLite database, or a "
+                             "damaged one (left untouched)\n"), result.output
+    assert not_a_db.read_bytes() == content
+    assert not list(tmp_path.glob("notes.txt-*"))  # no -wal / -shm journal beside it either
