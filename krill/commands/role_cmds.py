@@ -9,6 +9,8 @@ Design decisions:
   `KrillError`s, shown by the root command as one `error: ...` line with exit status 1.
 - The keystore password: --password-file, else KRILL_KEYSTORE__PASSWORD (keystore.password), else a
   prompt when stdin is a terminal; never echoed, never written to a file.
+- `init --out` is checked when the options are read (`output_file`): a path through a file failed at the
+  end, with a traceback, after the keystore was made and funded.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from krill.commands.context import current_config
+from krill.commands.context import current_config, output_file
 
 
 def password_prompt():
@@ -67,7 +69,7 @@ def init_command(role: str) -> click.Command:
     @click.option("--keystore", metavar="NAME|PATH", help=f"Keystore to create, or to reuse if it exists "
                   f"(default: '{role}' in $KRILL_HOME/keys).")
     @click.option("--password-file", type=click.Path(dir_okay=False), help="Read the keystore password from a file.")
-    @click.option("--out", type=click.Path(dir_okay=False), help=f"Config file to write "
+    @click.option("--out", type=click.Path(dir_okay=False), callback=output_file, help=f"Config file to write "
                   f"(default: $KRILL_HOME/{role}.toml).")
     @click.option("--force", is_flag=True, help="Replace an existing config file (keys are never overwritten).")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

@@ -75,3 +75,16 @@ def test_a_new_output_folder_is_checked_not_made(blocked, monkeypatch):
     target = tmp_path / "new" / "deeper"
     assert output_folder(None, None, target) == target and output_file(None, None, target / "f.json")
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("role", ["worker", "verifier"])
+def test_role_init_refuses_an_out_path_through_a_file_before_making_a_keystore(blocked, role):
+    """Before: `krill worker init --out a-file/x.toml` made the keystore, funded it on the devnet, then died
+    with a FileExistsError traceback writing the config."""
+    tmp_path, blocker = blocked
+    (tmp_path / "pw").write_text("pw\n")
+    result = CliRunner().invoke(cli, [role, "init", "--devnet", "--keystore", str(tmp_path / "k.json"),
+                                      "--password-file", str(tmp_path / "pw"), "--out", str(blocker / "x.toml")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "Invalid value for '--out'" in result.output and f"{blocker} is a file, not a folder" in result.output
+    assert not (tmp_path / "k.json").exists()
