@@ -7,6 +7,8 @@ Design decisions:
   contract is deployed at the address, the run exists on-chain and its spec is in the store (else
   "check run.id"), a Kubo store answers. A config that would fail at `stake` or `run` is never
   written.
+- `--store` is a Kubo RPC URL when it starts with http:// or https://, else a local folder; another URL
+  (`ipfs://...`) is refused rather than made into a folder named `ipfs:` under the current one.
 - Without `--run-id`, the run is taken from the chain when it holds exactly one; with several,
   their ids are listed in the next steps instead of guessing.
 - Keys are never overwritten, `--force` or not: losing a staked key loses the stake. An existing
@@ -94,6 +96,8 @@ def _store_section(store: str | None) -> dict:
         return {"type": "local", "path": str(krill_home() / "store")}
     if store.startswith(("http://", "https://")):
         return {"type": "kubo", "api_url": store}
+    if "://" in store:  # `ipfs://...`, `ftp://...`: was taken as a local folder named `ipfs:` under the current one
+        raise ConfigError(f"--store {store}: expected a local directory or a Kubo RPC URL (http:// or https://)")
     return {"type": "local", "path": str(Path(store).expanduser().resolve())}
 
 
@@ -217,11 +221,12 @@ def init_role(role: str, *, out: Path, keystore: Path, password: str, devnet: bo
 def _validated(data: dict) -> KrillConfig:
     from pydantic import ValidationError
 
+    from krill.config import describe_errors, validation_errors
+
     try:
         return KrillConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"invalid settings: {lines}") from None
+    except ValidationError as exc:  # keys as a config file spells them, without pydantic's "Value error, "
+        raise ConfigError(f"invalid settings: {describe_errors(validation_errors(exc))}") from None
 
 
 def _write(data: dict, path: Path, header: str) -> None:

@@ -97,3 +97,24 @@ def test_role_init_takes_the_password_from_the_configuration(tmp_path, monkeypat
     assert "stop here" in result.output and seen["password"] == "from-file", result.output
     result = CliRunner().invoke(cli, ["worker", "init", "--devnet"], env=env)
     assert result.exit_code == 1 and "no keystore password" in result.output
+
+
+
+def test_role_init_refuses_a_store_url_of_another_scheme_and_names_bad_flags_plainly(tmp_path, monkeypatch):
+    """Before: `--store ipfs://...` was taken as a local folder `ipfs:` under the current one (made, and written
+    into the config, exit 0); a bad --rpc-url was reported with pydantic's "Value error, " decoration."""
+    env = {"KRILL_HOME": str(tmp_path / "home"), "KRILL_CONFIG": None, "KRILL_KEYSTORE__PASSWORD": "pw"}
+    common = ["worker", "init", "--keystore", str(tmp_path / "k.json"), "--out", str(tmp_path / "w.toml")]
+    here = tmp_path / "cwd"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = CliRunner().invoke(cli, [*common, "--rpc-url", "http://127.0.0.1:1", "--protocol", "0x" + "11" * 20,
+                                      "--store", "ipfs://host/x"], env=env)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert result.output == ("error: --store ipfs://host/x: expected a local directory or a Kubo RPC URL "
+                             "(http:// or https://)\n")
+    assert list(here.iterdir()) == [] and not (tmp_path / "w.toml").exists() and not (tmp_path / "k.json").exists()
+    result = CliRunner().invoke(cli, [*common, "--rpc-url", "notaurl", "--protocol", "0x" + "11" * 20], env=env)
+    assert result.exit_code == 1 and result.output == (
+        "error: invalid settings: chain.rpc_url: expected an http:// or https:// URL with a host, e.g. "
+        "http://127.0.0.1:8545, got 'notaurl'\n"), result.output
