@@ -21,7 +21,8 @@ import click
 from krill.commands.context import output_file
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _ints(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int, ...]:
+    """A click callback: `--batches` / `--threads` as positive integers (click names the option refused)."""
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -31,7 +32,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _codecs(text: str) -> tuple[str, ...]:
+def _codecs(ctx: click.Context, param: click.Parameter, text: str) -> tuple[str, ...]:
     values = tuple(x.strip() for x in text.split(",") if x.strip())
     unknown = [v for v in values if v not in ("fp16", "bf16", "int8")]
     if not values or unknown:
@@ -81,17 +82,20 @@ def _print(console, table: dict) -> None:
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Local HF causal-LM directory (default: the built-in base model, built on first use).")
 @click.option("--task", "task_name", default=None, help="Task (default: the one the model was warm-started on).")
-@click.option("--batches", default="2,4,8,16", show_default=True, help="Prompts per contribution to measure.")
-@click.option("--codecs", default="fp16,bf16,int8", show_default=True, help="Gradient codecs to measure.")
-@click.option("--threads", "threads_text", default="1,2", show_default=True,
+@click.option("--batches", default="2,4,8,16", show_default=True, callback=_ints,
+              help="Prompts per contribution to measure.")
+@click.option("--codecs", default="fp16,bf16,int8", show_default=True, callback=_codecs,
+              help="Gradient codecs to measure.")
+@click.option("--threads", "thread_counts", default="1,2", show_default=True, callback=_ints,
               help="torch thread counts, for producer and replayer each.")
 @click.option("--versions", type=click.IntRange(1, 20), default=3, show_default=True,
               help="Model versions per run spec (each folded from the previous one's honest gradients).")
 @click.option("--records", "records_path", type=click.Path(dir_okay=False, path_type=Path), callback=output_file,
               help="Also write every check's figures as JSON lines here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON instead of a readable summary.")
-def calibrate(out: Path, checks: int, model_dir: Path | None, task_name: str | None, batches: str, codecs: str,
-              threads_text: str, versions: int, records_path: Path | None, as_json: bool) -> None:
+def calibrate(out: Path, checks: int, model_dir: Path | None, task_name: str | None, batches: tuple[int, ...],
+              codecs: tuple[str, ...], thread_counts: tuple[int, ...], versions: int, records_path: Path | None,
+              as_json: bool) -> None:
     """Measure the verifier's comparison statistics on honest work and write the tolerance table."""
     import sys
     import time
@@ -105,8 +109,7 @@ def calibrate(out: Path, checks: int, model_dir: Path | None, task_name: str | N
 
     hf_logging.disable_progress_bar()
     console = Console(stderr=as_json, width=None if sys.stdout.isatty() else 150)
-    thread_counts = _ints(threads_text)
-    plan = Plan(checks=checks, batches=_ints(batches), codecs=_codecs(codecs), producer_threads=thread_counts,
+    plan = Plan(checks=checks, batches=batches, codecs=codecs, producer_threads=thread_counts,
                 replayer_threads=thread_counts, versions=versions, task=task_name)
     if model_dir is None:
         from krill.model.base import ensure_base_model

@@ -142,3 +142,22 @@ def test_cli_writes_the_table(tiny_model, tmp_path):
     table = load_table(out)
     assert set(table.codec) == {"fp16"}
     assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--batches", "2,x", "'2,x': give comma-separated integers, e.g. 2,4,8"),
+    ("--threads", "0", "'0': give positive integers"),
+    ("--codecs", "fp8", "'fp8': choose among fp16, bf16, int8"),
+])
+def test_cli_names_the_list_option_it_refuses(tmp_path, option, value, message):
+    """Before: `Error: Invalid value: '0': give positive integers`, the same for --batches and --threads."""
+    from click.testing import CliRunner
+
+    from krill.cli import cli
+
+    (tmp_path / "model").mkdir()
+    result = CliRunner().invoke(cli, ["calibrate", "--out", str(tmp_path / "t.toml"), "--model",
+                                      str(tmp_path / "model"), option, value])
+    assert result.exit_code == 2, result.output
+    assert result.output.endswith(f"Error: Invalid value for '{option}': {message}\n"), result.output
+    assert not (tmp_path / "t.toml").exists()
