@@ -4,7 +4,8 @@ Design decisions:
 - One SQLite file per (contract, run) in the role's state directory, written through the standard
   library's `sqlite3` in autocommit-per-statement transactions: a `kill -9` at any point leaves
   either the old row or the new one, never half of a decision. The verifier needs no shared
-  database, so it keeps none.
+  database, so it keeps none. WAL is switched on with the core's retry (`krill.db.wal`): two
+  processes opening a new file at once, the second's switch failed with "database is locked".
 - A commit enters as `pending` together with the cursor move that discovered it (one
   transaction), so an event is never lost between "seen" and "remembered". It leaves `pending`
   exactly once, for `attested`, `skipped` (not selected), `missed` (window closed first) or
@@ -43,6 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from krill.db.wal import enable_wal
 from krill.errors import ConfigError
 
 COMMITS_COLUMNS = """(
@@ -124,7 +126,7 @@ class VerifierState:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        enable_wal(self._db, 30.0)  # processes opening a new file at once: see krill.db.wal
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         with self._tx():  # a file of an older release is brought up to date (once, if two processes open it)

@@ -6,7 +6,7 @@ Design decisions:
 - SQLite is shared by several processes (coordinator, verifiers, explorer, `krill index`): every
   connection turns on WAL (readers never block the writer), a 30 s busy timeout (writers queue
   instead of failing) and foreign keys. Turning on WAL is retried within that timeout by us
-  (`_enable_wal`): connections racing to switch a new file to WAL get "database is locked" at once,
+  (`krill.db.wal`): connections racing to switch a new file to WAL get "database is locked" at once,
   without SQLite's busy handler being asked, so processes opening a fresh database together failed. pysqlite's own transaction handling is switched off and
   we emit BEGIN ourselves, so a writer can ask for `BEGIN IMMEDIATE` (`Database.write()`): it
   takes the write lock up front, and its reads and writes form one serial transaction instead of
@@ -25,8 +25,6 @@ Design decisions:
 from __future__ import annotations
 
 import contextlib
-import sqlite3
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from sqlalchemy.pool import StaticPool
 
 from krill.db.errors import DatabaseError, SchemaVersionError
 from krill.db.models import INDEX_TABLES, STATE_TABLES, IndexBase, SchemaVersion, StateBase
+from krill.db.wal import enable_wal
 
 SCHEMA_VERSIONS = {"index": 1, "state": 1}
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -78,7 +77,7 @@ def _configure_sqlite(engine: Engine, memory: bool) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see _on_begin)
         cursor = dbapi_connection.cursor()
         if not memory:
-            _enable_wal(cursor)
+            enable_wal(cursor, SQLITE_BUSY_TIMEOUT_S)
             cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
         cursor.execute("PRAGMA foreign_keys=ON")
@@ -87,26 +86,6 @@ def _configure_sqlite(engine: Engine, memory: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("krill_write") else "BEGIN")
-
-
-def _enable_wal(cursor, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
-    """`PRAGMA journal_mode=WAL`, retried while another connection holds the lock it needs.
-
-    SQLite refuses the switch with SQLITE_BUSY at once, without its busy handler, when it races
-    another connection doing the same on a new file; the retry waits as long as the busy timeout.
-    """
-    deadline = time.monotonic() + timeout_s
-    delay = 0.002
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY  # or an extended BUSY code
-            if not busy or time.monotonic() >= deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 class Database:

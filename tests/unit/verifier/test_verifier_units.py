@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
+import threading
 
 import numpy as np
 import pytest
@@ -61,6 +63,25 @@ def test_state_refuses_a_file_of_another_run_or_verifier(tmp_path):
     with pytest.raises(ConfigError, match="verifier"):
         VerifierState(path, contract=CONTRACT, run_id=RUN, verifier="0x" + "ee" * 20)
 
+
+
+def test_a_new_state_file_another_connection_holds_opens_once_it_is_released(tmp_path):
+    """Two verifier processes (or a verifier and its status) opening a new state file at once: while one holds the
+    file's lock, switching it to WAL, the other's switch failed at once with 'database is locked' (SQLite asks no
+    busy handler there; one round in about a hundred of eight openers). It now waits as any statement does."""
+    path = tmp_path / "v.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # the other opener's lock on the still rollback-journal file
+    release = threading.Timer(0.3, other.execute, ("COMMIT",))
+    release.start()
+    try:
+        state = VerifierState(path, contract=CONTRACT, run_id=RUN, verifier=ME)
+    finally:
+        release.join()
+        other.close()
+    assert state.cursor() is None and state.add_jobs([_job(1)], next_block=101) == 1
+    assert state._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    state.close()
 
 def test_windows_leave_room_for_the_attestation_and_declare_unavailable_late():
     assert last_block(100, 40) == 140
