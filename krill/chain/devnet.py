@@ -6,6 +6,8 @@ Design decisions:
   this devnet that later commands pick up by default.
 - A devnet is "running" only if its recorded PID is alive AND its RPC answers with the recorded
   chain id; anything else is stale state, cleaned before a fresh start.
+- `up`s started at the same moment take turns on a flock (`devnet.lock`): the later ones find the
+  first's devnet running instead of a port "served by a chain not started by Krill".
 - Provisioning: dev account 0 deploys and administers; every dev account gets `DEVNET_FUNDING`
   stake tokens so participants can stake straight away.
 """
@@ -13,6 +15,7 @@ Design decisions:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,7 +86,24 @@ def provision(rpc_url: str, accounts: int = DEVNET_ACCOUNTS, funding: int = DEVN
 
 
 def start_devnet(state_dir: Path, port: int = 8545) -> tuple[DevnetState, bool]:
-    """Start (or find running) the devnet; returns its state and whether it was started now."""
+    """Start (or find running) the devnet; returns its state and whether it was started now.
+
+    Starts take turns on `state_dir/devnet.lock` (flock, released with the process): two `up`s at once both found
+    no devnet, and the second was told the port served 'a chain not started by Krill' (the first's, mid-start),
+    that its own Anvil had exited, or took the first's Anvil for its own and deployed on it beside the first
+    ('nonce too low'); it now waits for the first and finds its devnet running."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "devnet.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _start_devnet_locked(state_dir, port)
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _start_devnet_locked(state_dir: Path, port: int) -> tuple[DevnetState, bool]:
     from krill.config import KrillConfig, write_config
 
     state = read_state(state_dir)

@@ -50,3 +50,33 @@ def test_a_failure_after_anvil_started_stops_it(tmp_path, monkeypatch):
         start_devnet(tmp_path / "devnet", port=free_port())
     assert started and not pid_alive(started[0].pid)
     assert read_state(tmp_path / "devnet") is None
+
+
+def test_devnet_ups_started_at_once_share_one_devnet(tmp_path):
+    """Before: each found no devnet and started its own Anvil on the port; all but one failed, told the port served
+    'a chain not started by Krill' (the first's, mid-start), that their Anvil had exited, or 'nonce too low' (two
+    deploying on the first's Anvil, each taking it for its own). Now they take turns:
+    one starts the devnet and the others find it running."""
+    import threading
+
+    state_dir, port = tmp_path / "devnet", free_port()
+    start, results = threading.Barrier(3), []
+
+    def up():
+        start.wait()
+        try:
+            results.append(start_devnet(state_dir, port=port))
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            results.append(exc)
+
+    threads = [threading.Thread(target=up) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert all(isinstance(r, tuple) for r in results), results
+        assert sorted(started for _, started in results) == [False, False, True]
+        assert {state for state, _ in results} == {read_state(state_dir)}
+    finally:
+        stop_devnet(state_dir)
