@@ -127,11 +127,15 @@ class ChainConfig(_Section):
     @classmethod
     def _http_url(cls, value: str) -> str:
         # Krill talks JSON-RPC over HTTP (chain/rpc.py) and derives the WebSocket URL from it (chain/heads.py).
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"expected an http:// or https:// URL with a host, e.g. http://127.0.0.1:8545, "
-                             f"got {value!r}")
-        return value
+        return _http_url(value, "http://127.0.0.1:8545")
+
+
+def _http_url(value: str, example: str) -> str:
+    """`value` if it is an http(s) URL with a host, else a ValueError naming what is expected."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL with a host, e.g. {example}, got {value!r}")
+    return value
 
 
 class LocalStoreConfig(_Section):
@@ -149,6 +153,12 @@ class KuboStoreConfig(_Section):
     api_url: str = Field("http://127.0.0.1:5001", description="Base URL of the Kubo RPC API.")
     timeout_s: float = Field(60.0, gt=0, le=3600, description="Timeout of one RPC call.")
     max_get_bytes: int = Field(1 << 30, ge=1, description="Largest object a get will return.")
+
+    @field_validator("api_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        # checked at load, as chain.rpc_url is: a value like `notaurl` failed only at a role's first store call
+        return _http_url(value, "http://127.0.0.1:5001")
 
 
 class EmbeddedKuboStoreConfig(_Section):

@@ -110,6 +110,8 @@ def test_store_fields_without_type_select_the_default_local_store(tmp_path):
 @pytest.mark.parametrize("override, field, message", [
     ("chain.rpc_url=banana", "chain.rpc_url", "http:// or https://"),
     ("chain.rpc_url=http://", "chain.rpc_url", "with a host"),
+    ("store.type=kubo;store.api_url=notaurl", "store.api_url", "http:// or https://"),
+    ("store.type=kubo;store.api_url=ftp://h:5001", "store.api_url", "e.g. http://127.0.0.1:5001"),
     ("database.url=nonsense", "database.url", "sqlite:///"),
     ("database.url=mysql://h/db", "database.url", "postgresql"),
     ("worker.shards=[-5, -5]", "worker.shards", "start at 0"),
@@ -120,7 +122,7 @@ def test_store_fields_without_type_select_the_default_local_store(tmp_path):
 ])
 def test_nonsense_values_are_refused_naming_the_key(override, field, message):
     with pytest.raises(ConfigError, match=rf"{re.escape(field)}: .*{re.escape(message)}"):
-        load_config(None, [override], environ={})
+        load_config(None, override.split(";"), environ={})
 
 
 @pytest.mark.parametrize("url", ["sqlite:///rel.db", "sqlite:////abs/k.db", "sqlite://", "postgresql://u@h/db",
