@@ -49,8 +49,11 @@ def _open(stack: ExitStack, with_store: bool = True, rebuilding: bool = False, r
 
 def _line(report) -> str:
     fetched = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(report.fetched.items())) or "nothing fetched"
-    return (f"blocks {report.from_block}..{report.next_block - 1} (confirmed head {report.safe_head}): "
-            f"{report.events} events in {report.batches} batches; {fetched}")
+    if report.next_block > report.from_block:
+        span = f"blocks {report.from_block}..{report.next_block - 1} (confirmed head {report.safe_head})"
+    else:  # up to date, or a start block past the head: "blocks 10..9" named a range that is not one
+        span = f"no new confirmed block (next block {report.next_block}, confirmed head {report.safe_head})"
+    return f"{span}: {report.events} events in {report.batches} batches; {fetched}"
 
 
 def _report_json(report) -> str:
