@@ -104,6 +104,22 @@ def _open_seed(box: dict, password: str, path: Path) -> bytes:
         raise WrongPasswordError(f"wrong password for keystore {path}") from None
 
 
+def _publish_new(tmp: Path, path: Path) -> None:
+    """Give the written file `tmp` the name `path`, which must not exist (FileExistsError): link(), atomic.
+    A file system without hard links (FAT or exFAT, some network shares) refuses link() with another
+    OSError; there the name is created exclusively (O_EXCL) and the bytes copied in."""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise
+    except OSError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(tmp.read_bytes())
+
+
 def create_keystore(name: str, password: str, *, directory: Path | None = None, private_key: bytes | None = None,
                     ed25519_seed: bytes | None = None, cost: KdfCost = KdfCost.INTERACTIVE,
                     overwrite: bool = False) -> KeystoreInfo:
@@ -146,7 +162,7 @@ def create_keystore(name: str, password: str, *, directory: Path | None = None, 
             tmp.replace(path)
         else:
             try:
-                os.link(tmp, path)
+                _publish_new(tmp, path)
             except FileExistsError:
                 raise KeystoreError(f"keystore {path} already exists (choose another --name)") from None
     finally:

@@ -68,6 +68,22 @@ def test_same_name_created_at_once_keeps_one_key(tmp_path):
         assert [p.name for p in folder.iterdir()] == ["w.json"]  # no temporary file left
         assert unlock(folder / "w.json", "pw").address == made[0]
 
+
+def test_a_file_system_without_hard_links_still_makes_one_keystore(tmp_path, monkeypatch):
+    """FAT/exFAT (a Mac's external drive) and some network shares refuse link() with EPERM or ENOTSUP: the
+    keystore is then created exclusively, still never over an existing one."""
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted", str(dst))
+
+    monkeypatch.setattr(os, "link", no_links)
+    info = create_keystore("w", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    assert unlock(info.path, "pw").address == info.address
+    assert (info.path.stat().st_mode & 0o777) == 0o600
+    with pytest.raises(KeystoreError, match="already exists"):
+        create_keystore("w", "pw", directory=tmp_path, cost=KdfCost.FAST)
+    assert [p.name for p in tmp_path.iterdir()] == ["w.json"] and unlock(info.path, "pw").address == info.address
+
+
 def test_tampered_public_fields_detected(tmp_path):
     info = create_keystore("w1", "pw", directory=tmp_path, cost=KdfCost.FAST)
     doc = json.loads(info.path.read_text())
