@@ -7,10 +7,11 @@ Design decisions:
   connection turns on WAL (readers never block the writer), a 30 s busy timeout (writers queue
   instead of failing) and foreign keys. Turning on WAL is retried within that timeout by us
   (`krill.db.wal`): connections racing to switch a new file to WAL get "database is locked" at once,
-  without SQLite's busy handler being asked, so processes opening a fresh database together failed. pysqlite's own transaction handling is switched off and
-  we emit BEGIN ourselves, so a writer can ask for `BEGIN IMMEDIATE` (`Database.write()`): it
-  takes the write lock up front, and its reads and writes form one serial transaction instead of
-  failing with "database is locked" when it upgrades from reader to writer.
+  without SQLite's busy handler being asked, so processes opening a fresh database together failed.
+  pysqlite's own transaction handling is switched off and we emit BEGIN ourselves, so a writer can
+  ask for `BEGIN IMMEDIATE` (`Database.write()`): it takes the write lock up front, and its reads
+  and writes form one serial transaction instead of failing with "database is locked" when it
+  upgrades from reader to writer.
 - A small `krill_schema` table records the schema version of the index tables and of the role
   state tables. Opening a database made by another schema raises `SchemaVersionError` saying what
   to do: the index can be rebuilt (`krill index rebuild`); role state cannot, so it is never
