@@ -234,6 +234,10 @@ def unlock(path: Path, password: str) -> Identity:
     from nacl.signing import SigningKey
 
     doc = _read(path)
+    if not isinstance(doc.get("ethereum"), dict):  # eth-keyfile's own words ("The keyfile should be ...") read badly
+        found = "missing" if doc.get("ethereum") is None else f"a {type(doc['ethereum']).__name__}"
+        raise KeystoreError(f"keystore {path}: malformed ethereum section ({found}; expected the JSON object of an "
+                            "Ethereum keystore, version 3)")
     try:
         private_key = Account.decrypt(doc["ethereum"], password)
     except ValueError as exc:

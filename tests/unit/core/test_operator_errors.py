@@ -38,6 +38,13 @@ def test_a_keystore_with_an_empty_ethereum_section_is_a_keystore_error(tmp_path)
     info.path.write_text(json.dumps(doc))
     with pytest.raises(KeystoreError, match="malformed ethereum section"):
         unlock(info.path, "pw")
+    for value, found in ((None, "missing"), ("0x12", "a str"), ([1], "a list")):
+        doc["ethereum"] = value
+        info.path.write_text(json.dumps(doc))
+        with pytest.raises(KeystoreError) as refused:
+            unlock(info.path, "pw")
+        assert str(refused.value) == (f"keystore {info.path}: malformed ethereum section ({found}; expected the JSON "
+                                      "object of an Ethereum keystore, version 3)")
 
 
 def test_a_sqlite_url_with_a_tilde_opens_under_home(tmp_path, monkeypatch):
