@@ -59,8 +59,14 @@ def add(path: Path, pin: bool) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 def put_block(path: Path) -> None:
     """Store a file of at most 1 MiB as one raw block; print its CID."""
+    from krill.store.cid import MAX_BLOCK_SIZE
+
+    data = path.read_bytes()
+    if len(data) > MAX_BLOCK_SIZE:  # the store's own refusal names its Python method ("use add()")
+        raise click.BadParameter(f"{path} is {len(data)} bytes; one raw block holds at most {MAX_BLOCK_SIZE}: "
+                                 f"store it with `krill store add {path}`", param_hint="PATH")
     with _store("put-block") as s:
-        click.echo(s.put_block(path.read_bytes()))
+        click.echo(s.put_block(data))
 
 
 @store.command("get")

@@ -48,3 +48,17 @@ def test_content_nobody_stored_is_one_unquoted_error_line(tmp_path):
                                        "store", "cat", cid])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: {cid} ") and "'" not in result.stderr.splitlines()[0]
+
+
+def test_put_block_of_a_file_over_one_block_points_at_add(tmp_path):
+    """Before: the store's refusal ended "(use add() for larger content)", a Python method, not a command."""
+    from krill.cli import cli
+    from krill.store.cid import MAX_BLOCK_SIZE
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"x" * (MAX_BLOCK_SIZE + 1))
+    result = CliRunner().invoke(cli, ["--set", "store.type=local", "--set", f"store.path={tmp_path / 'st'}",
+                                      "store", "put-block", str(big)])
+    assert result.exit_code == 2
+    assert f"{big} is {MAX_BLOCK_SIZE + 1} bytes; one raw block holds at most {MAX_BLOCK_SIZE}: store it with " \
+           f"`krill store add {big}`" in " ".join(result.stderr.split())
