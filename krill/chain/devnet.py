@@ -15,12 +15,12 @@ Design decisions:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from krill.chain.anvil import DEFAULT_CHAIN_ID, AnvilProcess, pid_alive, rpc_ready, stop_pid
 from krill.errors import DevnetError
+from krill.file_lock import taking_turns
 
 DEVNET_ACCOUNTS = 20
 DEVNET_FUNDING = 100_000 * 10**18
@@ -92,15 +92,9 @@ def start_devnet(state_dir: Path, port: int = 8545) -> tuple[DevnetState, bool]:
     no devnet, and the second was told the port served 'a chain not started by Krill' (the first's, mid-start),
     that its own Anvil had exited, or took the first's Anvil for its own and deployed on it beside the first
     ('nonce too low'); it now waits for the first and finds its devnet running."""
-    import fcntl
-
     state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / "devnet.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with taking_turns(state_dir / "devnet.lock"):
         return _start_devnet_locked(state_dir, port)
-    finally:
-        os.close(fd)  # releases the flock
 
 
 def _start_devnet_locked(state_dir: Path, port: int) -> tuple[DevnetState, bool]:

@@ -40,8 +40,9 @@ Design decisions:
   just answered, and a worker retries that open. The lock is looked at before the repo's config is
   rewritten too: status beside a running worker rewrote the worker's config (its own swarm addresses
   in place of the worker's, which the worker's node took at its next start) before finding it held.
-  Processes starting on one repo at once take turns (`_start_lock`, a flock on `krill-start.lock` from that
-  look until the node holds the repo), so the second finds the first's node and touches nothing.
+  Processes starting on one repo at once take turns from that look until the node holds the repo
+  (`krill.file_lock.taking_turns` on `krill-start.lock`), so the second finds the first's node and
+  touches nothing.
 - Bootstrap peers are dialled at once, and the start waits for them `timeout_s` in all: one after
   another, a peer that accepted TCP and never answered cost the library's dial timeout (~15 s) each.
 - `RepoBlocksReader` reads the blocks already in a repo another process's node holds, straight from
@@ -67,12 +68,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from krill.errors import ContentNotFoundError, StoreError, StoreUnavailableError
+from krill.file_lock import taking_turns
 from krill.store.base import BlockBackedStore, ObjectTooLargeError
 from krill.store.cid import cid_parts, normalize_cid
 from krill.store.unixfs import read_file
@@ -172,26 +173,6 @@ def _flatfs_path(blocks: Path, cid: str) -> Path:
     return blocks / key[-3:-1] / f"{key}.data"
 
 
-@contextlib.contextmanager
-def _start_lock(repo: Path) -> Iterator[None]:
-    """Hold `repo/krill-start.lock` (flock) from the look at Kubo's repo lock until the node holds it. Kubo takes
-    its lock only in RunNode: processes opening one repo at once all found it free, and rewrote the config under
-    each other through one temporary name (FileExistsError, FileNotFoundError, a config read half-written),
-    the node that started taking another process's swarm addresses. A separate file and a flock, so closing it
-    drops no POSIX lock of Kubo's on `repo.lock`."""
-    try:
-        import fcntl
-    except ImportError:  # no flock here: starts are not serialized, as before
-        yield
-        return
-    fd = os.open(repo / "krill-start.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
 def _check_sharding(repo: Path, blocks: Path) -> None:
     sharding = (blocks / "SHARDING").read_text().strip() if (blocks / "SHARDING").exists() else ""
     if sharding != FLATFS_SHARDING:
@@ -270,7 +251,9 @@ class EmbeddedKuboStore(BlockBackedStore):
         except OSError as exc:  # a file in the way, or no permission: name the setting, no traceback
             raise StoreError(f"cannot use {self.repo} as the IPFS repo (store.repo_path): "
                              f"{exc.strerror or exc}") from exc
-        with _start_lock(self.repo):
+        # Kubo takes its lock only in RunNode: processes opening one repo at once all found it free, and rewrote
+        # the config under each other (a config read half-written, a node on another process's swarm addresses)
+        with taking_turns(self.repo / "krill-start.lock"):
             self._start_locked(swarm_addresses)
 
     def _start_locked(self, swarm_addresses: list[str]) -> None:
