@@ -554,13 +554,9 @@ def write_config(config: KrillConfig, path: Path) -> None:
     """Write a configuration as TOML (secrets included: the file is made mode 0600)."""
     import tomli_w
 
+    from krill.atomic_file import replace_file
+
     data = config.model_dump(mode="json", exclude_none=True)
     if config.keystore.password is not None:
         data["keystore"]["password"] = config.keystore.password.get_secret_value()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    # Created 0600: written first and chmod-ed after, the secrets were world-readable for a moment.
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as out:
-        out.write(tomli_w.dumps(data))
-    tmp.replace(path)
+    replace_file(path, tomli_w.dumps(data))  # made 0600: the secrets are never readable by others

@@ -231,14 +231,8 @@ def _validated(data: dict) -> KrillConfig:
 
 def _write(data: dict, path: Path, header: str) -> None:
     """TOML with a comment on top, atomically, mode 0600."""
-    import os
-
     import tomli_w
 
-    body = f"# {header}\n" + tomli_w.dumps({k: v for k, v in data.items() if v})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(body)
-    tmp.replace(path)
+    from krill.atomic_file import replace_file
+
+    replace_file(path, f"# {header}\n" + tomli_w.dumps({k: v for k, v in data.items() if v}))

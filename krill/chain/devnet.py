@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from krill.atomic_file import replace_file
 from krill.chain.anvil import DEFAULT_CHAIN_ID, AnvilProcess, pid_alive, rpc_ready, stop_pid
 from krill.errors import DevnetError
 from krill.file_lock import taking_turns
@@ -131,10 +132,7 @@ def _start_devnet_locked(state_dir: Path, port: int) -> tuple[DevnetState, bool]
 
 def _write_state(state_dir: Path, state: DevnetState) -> None:
     """Write devnet.json whole or not at all (a torn file used to lock `down` out with 'damaged')."""
-    path = _state_file(state_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state.to_json(), indent=1), encoding="utf-8")
-    tmp.replace(path)
+    replace_file(_state_file(state_dir), json.dumps(state.to_json(), indent=1), mode=0o644)
 
 
 def stop_devnet(state_dir: Path) -> bool:
