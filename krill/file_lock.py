@@ -7,17 +7,22 @@ Design decisions:
   holder never leaves the step locked.
 - The lock file is made (mode 0600) if missing and never removed: removing it would let a newcomer lock
   a fresh file while a waiter still holds the old one.
-- Where the platform has no flock (`fcntl` missing), the step runs without taking turns, as it did
-  before the lock existed. Its callers: a devnet's start (`krill.chain.devnet`) and an embedded Kubo
+- Where the platform has no flock (`fcntl` missing), or the file system refuses it (`ENOLCK`,
+  `EOPNOTSUPP`, `ENOSYS`, `EINVAL`: some network and FUSE mounts), the step runs without taking turns, as
+  it did before the lock existed, instead of failing the start it guards. Its callers: a devnet's start (`krill.chain.devnet`) and an embedded Kubo
   node's start on a repo (`krill.store.embedded_kubo`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+# What a file system without flock answers; any other error (an interrupted wait, a bad descriptor) is raised.
+_NO_FLOCK_HERE = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL})
 
 
 @contextlib.contextmanager
@@ -30,7 +35,11 @@ def taking_turns(path: Path) -> Iterator[None]:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK_HERE:
+                raise
         yield
     finally:
         os.close(fd)  # releases the flock
