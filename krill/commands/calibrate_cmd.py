@@ -29,7 +29,15 @@ def _ints(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int, .
         raise click.BadParameter(f"{text!r}: give comma-separated integers, e.g. 2,4,8") from None
     if not values or min(values) < 1:
         raise click.BadParameter(f"{text!r}: give positive integers")
+    _once_each(text, values)
     return values
+
+
+def _once_each(text: str, values: tuple) -> None:
+    """Refuse a value listed twice: it was measured twice over, for one entry of the table."""
+    twice = sorted({v for v in values if values.count(v) > 1}, key=values.index)
+    if twice:
+        raise click.BadParameter(f"{text!r}: {', '.join(map(str, twice))} given more than once")
 
 
 def _codecs(ctx: click.Context, param: click.Parameter, text: str) -> tuple[str, ...]:
@@ -37,6 +45,7 @@ def _codecs(ctx: click.Context, param: click.Parameter, text: str) -> tuple[str,
     unknown = [v for v in values if v not in ("fp16", "bf16", "int8")]
     if not values or unknown:
         raise click.BadParameter(f"{text!r}: choose among fp16, bf16, int8")
+    _once_each(text, values)
     return values
 
 

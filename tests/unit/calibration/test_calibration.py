@@ -148,6 +148,10 @@ def test_cli_writes_the_table(tiny_model, tmp_path):
     ("--batches", "2,x", "'2,x': give comma-separated integers, e.g. 2,4,8"),
     ("--threads", "0", "'0': give positive integers"),
     ("--codecs", "fp8", "'fp8': choose among fp16, bf16, int8"),
+    # Before: a value listed twice was measured twice over, for one entry of the table.
+    ("--threads", "2,1,2,1", "'2,1,2,1': 2, 1 given more than once"),
+    ("--batches", "4,4", "'4,4': 4 given more than once"),
+    ("--codecs", "int8,fp16,int8", "'int8,fp16,int8': int8 given more than once"),
 ])
 def test_cli_names_the_list_option_it_refuses(tmp_path, option, value, message):
     """Before: `Error: Invalid value: '0': give positive integers`, the same for --batches and --threads."""
