@@ -32,6 +32,11 @@ Design decisions:
   line (checked once per process: only a crash tears a line), so the torn fragment is the only line
   `history` skips: appended straight after it, the repeated outcome joined the fragment into one
   line that does not parse, and was lost from the log and from `krill worker status`.
+- A write that fails (a full disk, a read-only file system) is a `WorkerStateError` naming the
+  file, and leaves the state as it was before it, on disk and in memory: the temporary file is
+  removed, and a contribution whose state write failed is not named as pending and its bundle is
+  deleted. It used to surface as a bare `OSError: [Errno 28] No space left on device` traceback,
+  naming no file, with the temporary file left behind.
 - A fresh state must learn the nonces this worker already committed before it hands one out (the
   chain's `Committed` events; `krill.worker.runner`). The document records that as `recovered`,
   set in the same write that moves `next_nonce` past them: a worker stopped during that scan
@@ -94,12 +99,22 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _unwritable(path, exc) from None
+
+
+def _unwritable(path: Path, exc: OSError) -> WorkerStateError:
+    """A failed write of `path` (a full disk, a read-only file system) as one line that says where."""
+    return WorkerStateError(f"cannot write {path}: {exc.strerror or exc}; free space there (or fix the file "
+                            "system) and start the worker again: what is on disk is the state before this write")
 
 
 def _bundle(parts: list[tuple[str, bytes]]) -> bytes:
@@ -235,11 +250,29 @@ class WorkerState:
             if HEADER_FILE in files:
                 raise WorkerStateError(f"a contribution file may not be named {HEADER_FILE}")
             path = self._bundle_path(pending.digest)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _unwritable(path.parent, exc) from None
             _write_atomic(path, _bundle([(HEADER_FILE, header), *sorted(files.items())]))
+            before = self._doc.model_copy()
             self._doc.pending = pending
             self._used(pending.nonce)
-            self._save()
+            try:
+                self._save()
+            except WorkerStateError:
+                if self._pending_on_disk() is None:  # not named on disk: neither in memory, and no orphan bundle
+                    self._doc = before
+                    path.unlink(missing_ok=True)
+                raise
+
+    def _pending_on_disk(self) -> Pending | str | None:
+        """The pending entry state.json holds (None: none); "unknown" if the file cannot be read (a failed write
+        may have replaced it and failed only at the directory's fsync, so its bundle is then kept)."""
+        try:
+            return _Document.model_validate_json((self.directory / "state.json").read_bytes()).pending
+        except (OSError, ValidationError):
+            return "unknown"
 
     def pending_payload(self) -> tuple[bytes, dict[str, bytes]]:
         """The saved header and files of the pending commit, checked against its digest."""
@@ -289,16 +322,20 @@ class WorkerState:
 
     def log(self, outcome: dict) -> None:
         line = json.dumps(outcome, sort_keys=True, separators=(",", ":")) + "\n"
-        with self._lock, open(self.log_path, "a+b") as fh:
-            if not self._log_ends_line and fh.seek(0, os.SEEK_END) > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":  # a line torn by a crash: end it, or ours would join it
-                    line = "\n" + line
-            self._log_ends_line = False  # until this line is whole on disk
-            fh.write(line.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-            self._log_ends_line = True
+        with self._lock:
+            try:
+                with open(self.log_path, "a+b") as fh:
+                    if not self._log_ends_line and fh.seek(0, os.SEEK_END) > 0:
+                        fh.seek(-1, os.SEEK_END)
+                        if fh.read(1) != b"\n":  # a line torn by a crash: end it, or ours would join it
+                            line = "\n" + line
+                    self._log_ends_line = False  # until this line is whole on disk
+                    fh.write(line.encode("utf-8"))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    self._log_ends_line = True
+            except OSError as exc:  # a line torn here is ended by the next append (see the module docstring)
+                raise _unwritable(self.log_path, exc) from None
 
     def history(self) -> list[dict]:
         if not self.log_path.exists():

@@ -224,3 +224,49 @@ def test_an_outcome_logged_after_a_line_torn_by_a_crash_starts_a_line_of_its_own
     restarted.log({"nonce": 2, "status": "committed"})
     assert [(h["nonce"], h.get("resumed", False)) for h in restarted.history()] == [(0, False), (1, True), (2, False)]
     assert restarted.log_path.read_text(encoding="utf-8").count("\n") == 4  # one newline added, none doubled
+
+
+def _disk_full_for(monkeypatch, name: str) -> None:
+    """Writes to files whose name contains `name` fail as on a full disk (the rest of the module's I/O is real)."""
+    import builtins
+    import errno
+    import io
+
+    import krill.worker.nonce_state as nonce_state
+
+    class Full(io.FileIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fake_open(path, mode="r", *args, **kwargs):
+        if name in str(path) and any(c in mode for c in "wa"):
+            return Full(path, mode.replace("b", ""))
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(nonce_state, "open", fake_open, raising=False)
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_leaves_the_state_as_it_was(tmp_path, monkeypatch):
+    """ENOSPC while saving a contribution's state or logging an outcome: a WorkerStateError naming the file
+    (it was a bare OSError naming none), no temporary file or orphan bundle left, and the same contribution
+    saves under the same nonce once there is room again."""
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    header, files = b'{"header":0}', {"rollouts.safetensors": b"r", "grad-0.safetensors": b"g"}
+    pending = _pending(state.reserve_nonce(), header)
+    _disk_full_for(monkeypatch, "state.json")
+    with pytest.raises(WorkerStateError, match=r"cannot write .*state\.json: No space left on device"):
+        state.save_pending(pending, header, files)
+    assert state.pending is None and state.durable_next_nonce == 0
+    assert sorted(p.name for p in state.directory.rglob("*") if p.is_file()) == ["state.json"]
+    assert WorkerState.open(tmp_path, RUN, WORKER).pending is None
+    monkeypatch.undo()
+    state.save_pending(pending, header, files)
+    assert WorkerState.open(tmp_path, RUN, WORKER).pending_payload() == (header, files)
+
+    _disk_full_for(monkeypatch, "contributions.jsonl")
+    with pytest.raises(WorkerStateError, match=r"cannot write .*contributions\.jsonl: No space left on device"):
+        state.finish({"nonce": 0, "status": "committed"})
+    monkeypatch.undo()
+    assert WorkerState.open(tmp_path, RUN, WORKER).pending == pending  # resumed on restart, never lost
+    state.finish({"nonce": 0, "status": "committed"})
+    assert state.history() == [{"nonce": 0, "status": "committed"}] and state.pending is None
