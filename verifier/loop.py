@@ -37,7 +37,9 @@ Design decisions:
   for every commit this verifier had to check whose window closed: one read per such commit). Any other error while handling one commit is a bug, recorded
   as `error` for that commit, and the loop goes on, as it does past a Committed event the state
   cannot record (`state.unrecordable`: recorded as `error` and logged, the rest of its batch saved);
-  losing eligibility to attest stops the loop with the contract's reason.
+  losing eligibility to attest stops the loop with the contract's reason, and a state file that
+  refuses writes (a full disk: `state.VerifierStateError`) stops it naming the file, rather than
+  recording the commit as `error` should that second write get through.
 - Back-off against block deadlines: windows are counted in blocks, back-off in seconds. Every wait
   (a commit's retry, the pass-level back-off after an outage) is capped at half the time the head is
   expected to take to reach the block the commit is waiting for (the point where a missing payload
@@ -104,6 +106,7 @@ from krill.verifier.state import (
     FailingVerdict,
     Job,
     VerifierState,
+    VerifierStateError,
 )
 
 UNREACHABLE = (ChainUnavailableError, StoreUnavailableError, OSError)
@@ -211,7 +214,7 @@ class VerifierLoop:
                 # The outage may have cut off an attestation already sent: the window-closed check asks.
                 self._faults[job.commit_id] = f"{type(exc).__name__}: {exc}"[:300]
                 raise
-            except E.StakeNotEligible:
+            except (E.StakeNotEligible, VerifierStateError):  # the state file refusing writes is no commit's bug
                 raise
             except transient_faults() as exc:
                 fault = f"{type(exc).__name__}: {exc}"[:300]

@@ -35,6 +35,12 @@ Design decisions:
   30 s busy timeout behind any write transaction, then failed with "database is locked". A WAL
   reader does not wait for a writer; an older release's file is read as it is (`counts`). Status
   reads its figures in one read transaction (`snapshot`), as the running verifier moves them.
+- A write the disk refuses (SQLITE_FULL, SQLITE_IOERR) is rolled back and raised as
+  `VerifierStateError` naming the file, which stops the verifier with one line; nothing is lost,
+  since a commit whose decision was not recorded stays pending and an attestation sent before is
+  found on-chain at the restart. It was sqlite3's "database or disk is full", naming no file, as a
+  traceback (with "cannot rollback - no transaction is active" chained when SQLite had already
+  rolled back).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from krill.db.wal import enable_wal
-from krill.errors import ConfigError
+from krill.errors import ConfigError, KrillError
 
 COMMITS_COLUMNS = """(
     commit_id INTEGER PRIMARY KEY,
@@ -174,7 +180,7 @@ class VerifierState:
                    verifier=verifier)
 
     def _tx(self):
-        return _Transaction(self._db)
+        return _Transaction(self._db, self.path)
 
     def _migrate(self) -> None:
         """Bring the commits table of an older release up to date, inside the caller's transaction."""
@@ -340,15 +346,50 @@ def _in_range(value, end: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < end
 
 
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error) on an autocommit connection."""
+class VerifierStateError(KrillError):
+    """The state file cannot be written (a full disk, an I/O error): the verifier stops, nothing recorded."""
 
-    def __init__(self, db: sqlite3.Connection):
-        self._db = db
+
+# SQLite's primary result codes for a write the disk refused (the extended codes keep them in the low byte).
+# Not SQLITE_READONLY: a read-only opener's writes (`open_read_only`) fail as sqlite3 reports them.
+_UNWRITABLE = frozenset({13, 10})  # SQLITE_FULL, SQLITE_IOERR
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error) on an autocommit connection.
+
+    A write the disk refuses, in a statement or at the COMMIT, is rolled back (unless SQLite already did)
+    and raised as `VerifierStateError` naming the file: it was sqlite3's "database or disk is full", naming
+    none, as a traceback."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path):
+        self._db, self._path = db, path
 
     def __enter__(self):
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            self._raise_unwritable(exc)
+            raise
         return self._db
 
     def __exit__(self, kind, value, tb) -> None:
-        self._db.execute("ROLLBACK" if kind is not None else "COMMIT")
+        if kind is None:
+            try:
+                self._db.execute("COMMIT")
+                return
+            except sqlite3.Error as exc:
+                value = exc
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+        if isinstance(value, sqlite3.Error):
+            self._raise_unwritable(value)
+            if kind is None:
+                raise value
+
+    def _raise_unwritable(self, exc: sqlite3.Error) -> None:
+        if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF in _UNWRITABLE:
+            raise VerifierStateError(f"cannot write the verifier state {self._path}: {exc}; free space there (or "
+                                     "fix the file system) and start the verifier again: nothing is lost, each "
+                                     "commit not recorded is looked at again, and an attestation already sent is "
+                                     "found on-chain") from None

@@ -507,3 +507,43 @@ def test_an_attestation_that_fails_once_mined_after_the_window_closed_is_missed_
     decision = verifier.state.decision(7)
     assert decision.status == MISSED and "window closed" in decision.reason and decision.evidence_cid is not None
     assert chain.sent == 1 and verifier.attested == 0
+
+
+def _fill_to_a_page_cap(state: VerifierState) -> None:
+    """SQLite's own full disk: the file may grow no more (`max_page_count`), and the commits table's page is
+    filled with rows of other commits until nothing fits, so the next row that grows finds no room."""
+    import sqlite3
+
+    db = state._db
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")
+    commit_id = 1000
+    for size in (400, 100, 25, 5, 1):
+        while True:
+            try:
+                db.execute("INSERT INTO commits (commit_id, worker, version, nonce, header_digest, commit_block, "
+                           "status, reason, updated) VALUES (?, ?, 0, '0', '00', 0, ?, ?, 0)",
+                           (commit_id, WORKER, SKIPPED, "x" * size))
+            except sqlite3.OperationalError as exc:
+                assert exc.sqlite_errorname == "SQLITE_FULL"
+                break
+            commit_id += 1
+
+
+def test_a_full_disk_under_the_state_file_stops_the_verifier_naming_it_and_loses_nothing(verifier):
+    """The attestation is sent and its record finds no room: one error naming the state file (it
+    was sqlite3's bare "database or disk is full" naming none), the commit is not recorded as an `error`,
+    and the restart, with room again, finds the attestation on-chain and records it without a second one."""
+    from krill.errors import KrillError  # what the CLI reports as one line
+
+    state, chain = verifier.state, verifier.chain
+    _fill_to_a_page_cap(state)
+    with pytest.raises(KrillError, match=r"cannot write the verifier state .*v\.sqlite: database or disk is full"):
+        verifier.step()
+    assert chain.sent == 1 and state.decision(7).status == PENDING
+    state._db.execute("PRAGMA max_page_count = 1000000")  # room again
+    restarted = VerifierLoop(chain, FakeStore(), verifier.spec, state, verifier.who,
+                             LoopSettings(payload_retry_s=0.0, max_backoff_s=0.0), echo=lambda line: None)
+    restarted.step()
+    decision = state.decision(7)
+    assert (decision.status, decision.ok, decision.reason) == (ATTESTED, True, "found on chain (earlier run)")
+    assert chain.sent == 1
