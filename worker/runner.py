@@ -210,7 +210,8 @@ def run_worker(config: KrillConfig, behavior: str | None = None, max_contributio
 
         heads = HeadWaiter.for_chain(s.chain, publications_of(s.chain.address, s.spec.run_id))
         s.contributor.watcher = VersionWatcher(s.contributor.source, config.worker.watch_interval_s,
-                                               on_new_version=lambda _: eligible(), heads=heads).start()
+                                               on_new_version=lambda _: eligible(), heads=heads,
+                                               max_staleness=s.spec.staleness.max_staleness).start()
     try:
         _contribute_loop(s, config, pipeline, tally, limit, check_stake)
     finally:

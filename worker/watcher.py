@@ -15,6 +15,13 @@ Design decisions:
   at it: a version that does not decode is never announced (`RunSource` remembers it and refuses
   it at once), one the store cannot deliver yet is fetched again at the next read. Announcing the
   new version anyway sent the worker to fetch it itself at once, into the same failure.
+- Except where the version read is more than S_max (`max_staleness`) past the one held: nothing
+  made at the held one can be committed any more, so there is no reading (`latest()` is None) and
+  the worker reads the chain and fetches the new version itself, through its `Backoff`. A worker
+  suspended for a while (a laptop's lid closed) resumed to a chain S_max versions on; vouched for
+  until the fetch of the newest ended, the held version had it sample and learn there, and while
+  the store did not deliver the newest yet every contribution was uploaded and refused by the
+  contract as too stale, about 30 a second.
 - Freshness costs staleness: a contribution may start from, or learn at, a version up to
   `max_age_s` old, so now and then one version behind the newest; the coordinator's staleness
   weights already price that, as they price a worker's network latency.
@@ -57,12 +64,13 @@ class VersionWatcher:
     """The newest version of `source`'s run, refreshed in the background."""
 
     def __init__(self, source, interval_s: float, max_age_s: float | None = None,
-                 on_new_version: Callable[[int], None] | None = None, heads=None):
+                 on_new_version: Callable[[int], None] | None = None, heads=None, max_staleness: int | None = None):
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.source = source
         self.interval_s = float(interval_s)
         self.max_age_s = 2.0 * self.interval_s if max_age_s is None else float(max_age_s)
+        self.max_staleness = max_staleness  # S_max: how far behind the newest the version held still serves
         self._seen: tuple[int, float] | None = None  # (newest version, monotonic time of the read)
         self._fetched: int | None = None
         self._stop = threading.Event()
@@ -131,8 +139,9 @@ class VersionWatcher:
             version = int(self.source.latest())
             read_at = time.monotonic()
             if version != self._fetched:
-                if self._fetched is not None:
-                    self._seen = (self._fetched, read_at)
+                if self._fetched is not None:  # the version held, until the new one is here (if it still serves)
+                    serves = self.max_staleness is None or version - self._fetched <= self.max_staleness
+                    self._seen = (self._fetched, read_at) if serves else None
                 self.source.version(version)
                 self._fetched, new = version, True
             self._seen = (version, read_at)

@@ -181,6 +181,32 @@ def test_a_failed_fetch_is_not_announced_and_the_worker_keeps_the_version_it_hol
     assert watcher.latest() == 4 and source.fetched == [3, 4, 4]
 
 
+def test_a_version_held_more_than_s_max_behind_the_newest_is_not_vouched_for():
+    """A worker resumed from a suspension finds the run S_max + 1 versions on: what it made at the version it
+    holds could only be refused as stale, so while the newest is fetched (or fails to be) there is no
+    reading, and the worker reads the chain and fetches the newest itself."""
+    source = SlowFetchSource([1, 4], fail_on=4)
+    watcher = VersionWatcher(source, interval_s=0.01, max_age_s=5.0, max_staleness=2).start()
+    try:
+        assert _wait_for(lambda: source.fetched == [1])
+        assert source.fetching.wait(5.0)  # version 4 is read and being fetched
+        assert watcher.latest() is None
+        source.release.set()
+        assert _wait_for(lambda: source.fetched.count(4) >= 2)  # fetched again after the failure
+        assert watcher.latest() is None
+    finally:
+        watcher.stop()
+    near = SlowFetchSource([2, 4])  # S_max behind: still committable, so kept while the newest is fetched
+    watcher = VersionWatcher(near, interval_s=0.01, max_age_s=5.0, max_staleness=2).start()
+    try:
+        assert near.fetching.wait(5.0)
+        assert watcher.latest() == 2
+        near.release.set()
+        assert _wait_for(lambda: watcher.latest() == 4)
+    finally:
+        watcher.stop()
+
+
 def test_a_version_that_does_not_decode_is_never_announced():
     from krill.worker.errors import BrokenVersionError
 
