@@ -111,8 +111,10 @@ class ExplorerApp:
         except Exception as exc:  # the one place faults become responses; the log keeps the details
             from sqlalchemy.exc import OperationalError
 
+            from krill.db.errors import DatabaseFullError  # an I/O error the database layer names as such
+
             traceback.print_exc(file=sys.stderr)
-            if isinstance(exc, OperationalError):
+            if isinstance(exc, (OperationalError, DatabaseFullError)):
                 return self._error(503, "the index database cannot be read right now; try again shortly", api)
             return self._error(500, "internal error (details are in the explorer's log)", api)
 

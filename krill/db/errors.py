@@ -13,6 +13,10 @@ class DatabaseValueError(DatabaseError, ValueError):
     """A value does not fit its column (wrong spelling or range); the message names the field."""
 
 
+class DatabaseFullError(DatabaseError):
+    """A write the disk refused (no space left, an I/O error); the message names the database."""
+
+
 class SchemaVersionError(DatabaseError):
     """The database was written by another version of Krill's schema."""
 

@@ -19,6 +19,11 @@ Design decisions:
 - Table creation runs under a lock (SQLite's write lock, PostgreSQL's advisory lock), so processes
   that open a fresh database at the same moment do not race on CREATE TABLE; a role creating its
   own tables takes the same lock (`Database.schema_lock`).
+- A write the disk refuses (a full disk, an I/O error) inside `session()` or `write()` is one
+  `DatabaseFullError` naming the database, so the coordinator and `krill index sync [--follow]`
+  stop with one line instead of sqlalchemy's "(sqlite3.OperationalError) database or disk is
+  full" traceback, which named neither file nor URL. The transaction is rolled back, so nothing is
+  half-applied; the roles redo it on restart (the coordinator's journal, the index's cursor).
 - A query over an unbounded list of keys binds them `IN_CHUNK` at a time (`in_chunks`): PostgreSQL
   refuses more than 65 535 bind parameters in one statement (SQLite 32 766).
 """
@@ -35,13 +40,18 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from krill.db.errors import DatabaseError, SchemaVersionError
+from krill.db.errors import DatabaseError, DatabaseFullError, SchemaVersionError
 from krill.db.models import INDEX_TABLES, STATE_TABLES, IndexBase, SchemaVersion, StateBase
 from krill.db.wal import enable_wal
 
 SCHEMA_VERSIONS = {"index": 1, "state": 1}
 SQLITE_BUSY_TIMEOUT_S = 30.0
 _PG_LOCK_KEY = 0x6B72696C6C  # "krill": advisory lock of schema changes
+
+# A write the disk refused: SQLite's primary codes SQLITE_FULL and SQLITE_IOERR (the extended codes keep them
+# in the low byte), PostgreSQL's SQLSTATE disk_full and io_error.
+_SQLITE_DISK = frozenset({13, 10})
+_PG_DISK = frozenset({"53100", "58030"})
 
 IN_CHUNK = 10_000  # keys per IN (...) query: well under PostgreSQL's 65 535 bind parameters (SQLite's 32 766)
 
@@ -107,14 +117,31 @@ class Database:
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
         """A session whose transaction commits when the block ends (rolls back on an exception)."""
-        with self.sessions.begin() as session:
+        with self._disk_errors(), self.sessions.begin() as session:
             yield session
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
         """Like `session()`, but holding the database's write lock from the start on SQLite."""
-        with self.write_sessions.begin() as session:
+        with self._disk_errors(), self.write_sessions.begin() as session:
             yield session
+
+    @contextlib.contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        """A write the disk refused (module docstring) as one `DatabaseFullError` naming the database."""
+        from sqlalchemy.exc import DBAPIError
+
+        try:
+            yield
+        except DBAPIError as exc:
+            orig = exc.orig
+            if (getattr(orig, "sqlite_errorcode", 0) or 0) & 0xFF in _SQLITE_DISK or \
+                    getattr(orig, "sqlstate", None) in _PG_DISK:
+                shown = make_url(self.url).render_as_string(hide_password=True)
+                raise DatabaseFullError(f"cannot write the database {shown}: {str(orig).strip().splitlines()[0]}; "
+                                        "free space there (or fix the file system) and start again: the write was "
+                                        "rolled back, and what it was part of is done again") from None
+            raise
 
     # ------------------------------------------------------------------ schema
 

@@ -66,3 +66,36 @@ def test_open_database_takes_a_config_and_rejects_other_backends(tmp_path):
             assert s.connection().exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     with pytest.raises(DatabaseError, match="unsupported backend 'mysql'"):
         open_database("mysql://localhost/x")
+
+
+def test_a_write_the_disk_refuses_is_one_error_naming_the_database_and_is_rolled_back(tmp_path):
+    """SQLite's own full disk (the file may grow no more: `max_page_count`) under a write: one DatabaseError
+    naming the database (it was sqlalchemy's "(sqlite3.OperationalError) database or disk is full" traceback,
+    naming none), the failed transaction's rows are not there, the earlier ones are, and with room again
+    the same write goes through."""
+    from sqlalchemy import event, text
+
+    url = f"sqlite:///{tmp_path / 'krill.db'}"
+    db = open_database(url)
+    try:
+        with db.write() as s:
+            s.execute(text("CREATE TABLE filler (n INTEGER PRIMARY KEY, x TEXT)"))
+            s.execute(text("INSERT INTO filler (n, x) VALUES (0, 'kept')"))
+            pages = s.execute(text("PRAGMA page_count")).scalar()
+        cap = {"pages": pages}
+        event.listen(db.engine, "connect", lambda conn, record: conn.execute(f"PRAGMA max_page_count = {cap['pages']}"))
+        db.engine.dispose()  # new connections take the cap
+        with pytest.raises(DatabaseError, match=r"cannot write the database sqlite:///.*krill\.db: database or disk is full"):
+            with db.write() as s:
+                for n in range(1, 100):
+                    s.execute(text("INSERT INTO filler (n, x) VALUES (:n, :x)"), {"n": n, "x": "y" * 2000})
+        with db.session() as s:
+            assert s.execute(text("SELECT n FROM filler")).scalars().all() == [0]
+        cap["pages"] = 1_000_000
+        db.engine.dispose()
+        with db.write() as s:
+            s.execute(text("INSERT INTO filler (n, x) VALUES (1, :x)"), {"x": "y" * 2000})
+        with db.session() as s:
+            assert s.execute(text("SELECT n FROM filler ORDER BY n")).scalars().all() == [0, 1]
+    finally:
+        db.close()
