@@ -65,9 +65,10 @@ class LocalStore(BlockBackedStore):
                 return
         except FileNotFoundError:
             pass
-        target.parent.mkdir(exist_ok=True)
         tmp = self._tmp / f"{cid}.{os.getpid()}.{uuid.uuid4().hex}"
         try:
+            # In the try: on a full disk the first block of a new shard folder failed here, as a bare OSError.
+            target.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as fh:
                 fh.write(block)
             os.replace(tmp, target)

@@ -147,3 +147,26 @@ def test_open_store_dispatch(tmp_path):
     except ImportError:
         with pytest.raises(StoreError, match="krill\\[p2p\\]"):
             open_store(EmbeddedKuboStoreConfig(repo_path=tmp_path / "ipfs"))
+
+
+def test_a_full_disk_at_a_new_shard_folder_is_a_store_error_naming_the_store(store, monkeypatch):
+    """The first block of a shard folder (blocks/<last two CID characters>/) on a full disk: the folder's
+    mkdir failed outside the write's error handling, so the caller got a bare OSError where every other
+    failed write is a StoreError (which the worker's upload and the verifier retry as a store fault)."""
+    import errno
+    from pathlib import Path
+
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self.parent.name == "blocks":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(StoreError, match=r"cannot write block \w+ to .*store: .*No space left on device"):
+        store.put_block(b"first of its shard")
+    assert os.listdir(store.root / "tmp") == []
+    monkeypatch.undo()
+    cid = store.put_block(b"first of its shard")
+    assert store.get(cid) == b"first of its shard"
