@@ -135,8 +135,9 @@ def database_errors(url: str, setting: str = "database.url", what: str = "the da
     except (OperationalError, InterfaceError) as exc:
         lines = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
         reason = hidden(lines[0] if lines else type(exc).__name__)
-        raise DatabaseError(f"cannot open {what} {shown}: {reason}; check {setting} and that its server is "
-                            "running") from None
+        advice = (": it must name a database file (not a folder) in a writable folder, on a disk with room"
+                  if parsed.get_backend_name() == "sqlite" else " and that its server is running")
+        raise DatabaseError(f"cannot open {what} {shown}: {reason}; check {setting}{advice}") from None
     except DriverDatabaseError as exc:
         # SQLite: the URL names a file that is not a database, or a damaged one. It is left as it is.
         if getattr(exc.orig, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):

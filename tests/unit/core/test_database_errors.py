@@ -38,6 +38,21 @@ def test_open_configured_database_names_the_url_without_its_password(refused_url
         open_configured_database(load_config(None, [f"database.url=sqlite:///{a_file}/sub/x.db"], environ={}))
 
 
+
+def test_a_sqlite_file_that_cannot_be_opened_is_not_blamed_on_a_server(tmp_path, monkeypatch):
+    """Before: a SQLite URL naming a folder (or a database on a full disk) was told to check 'that its server
+    is running'; SQLite has none."""
+    from krill.runtime import open_configured_database
+
+    monkeypatch.setenv("KRILL_HOME", str(tmp_path / "home"))
+    (tmp_path / "a-folder.db").mkdir()
+    with pytest.raises(DatabaseError) as refused:
+        open_configured_database(load_config(None, [f"database.url=sqlite:///{tmp_path}/a-folder.db"], environ={}))
+    assert str(refused.value) == (f"cannot open the database sqlite:///{tmp_path}/a-folder.db: unable to open "
+                                  "database file; check database.url: it must name a database file (not a folder) in a "
+                                  "writable folder, on a disk with room")
+
+
 def test_index_status_with_a_database_that_cannot_be_opened_is_one_line(refused_url, tmp_path, monkeypatch):
     import krill.runtime
 
