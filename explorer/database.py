@@ -29,6 +29,9 @@ def open_read_only(url: str):
         if parsed.database in (None, "", ":memory:"):
             raise DatabaseError("the explorer reads an existing database: give a sqlite:///path.db URL, not memory")
         path = Path(parsed.database).expanduser()
+        if path.is_dir():  # was told "no database at": as if a coordinator had yet to make one there
+            raise DatabaseError(f"{path} is a folder, not a database file: point database.url (or --db) at the "
+                                "index's file")
         if not path.is_file():
             raise DatabaseError(f"no database at {path}: start a coordinator (or `krill index sync`) first, "
                                 "or point database.url at the index")

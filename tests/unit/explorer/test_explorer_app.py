@@ -243,6 +243,9 @@ def test_open_read_only_refuses_what_is_not_an_index(tmp_path):
     with pytest.raises(DatabaseError, match="no database at"):
         open_read_only(f"sqlite:///{tmp_path / 'missing.db'}")
     assert not (tmp_path / "missing.db").exists()
+    (tmp_path / "a-folder.db").mkdir()
+    with pytest.raises(DatabaseError, match=r"a-folder\.db is a folder, not a database file: point database\.url"):
+        open_read_only(f"sqlite:///{tmp_path / 'a-folder.db'}")
     import sqlite3
 
     sqlite3.connect(tmp_path / "other.db").execute("CREATE TABLE t (x)").connection.close()
