@@ -14,7 +14,9 @@ Design decisions:
   missed, since only a fault this process saw had the chain asked)? drawn for this verifier's key, by the hash of the block after
   the commit (`select.drawn`)? If so: randomness sealed (seal it now) and selected on-chain by the
   sealed value? already attested by this account on-chain (a crash right after attesting)? Only
-  then replay and attest. Every way out is recorded exactly once.
+  then replay and attest. Every way out is recorded exactly once, and a commit this verifier had to
+  check and missed says so in a line: one resumed from a suspension (a laptop's lid closed) past
+  the windows of commits it was drawn for recorded them as missed without a word.
 - The randomness block is waited for, not mined: on a live chain (and in the demo) other
   transactions make blocks. On a devnet (Anvil's chain id) with no traffic the loop mines it
   after `devnet_mine_after_s`, so a quiet local run does not stall.
@@ -264,8 +266,11 @@ class VerifierLoop:
             if self._found_on_chain(job, "found on chain (sent before a passing fault)" if fault is not None
                                     else "found on chain (earlier run)"):
                 return
-            self._finish(job, MISSED, reason="challenge window closed before a verdict"
-                         + (f" (last fault: {fault})" if fault is not None else ""))
+            reason = "challenge window closed before a verdict" + (f" (last fault: {fault})" if fault is not None
+                                                                    else "")
+            self._finish(job, MISSED, reason=reason)
+            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  MISSED (not attested): {reason}, at block "
+                      f"{select.last_block(job.commit_block, self.window)} (head now {head})")
             return
         hashed = reads.block_randomness(job.commit_block)
         if hashed is None:
@@ -285,6 +290,8 @@ class VerifierLoop:
             randomness = select.ensure_randomness(self.chain, job.commit_id, job.commit_block, head)
         except E.RandomnessExpired:
             self._finish(job, MISSED, reason="randomness block expired before it was sealed")
+            self.echo(f"commit {job.commit_id}  worker {_short(job.worker)}  MISSED (not attested): the hash of "
+                      f"block {job.commit_block + 1} expired before its randomness was sealed (head now {head})")
             return
         if randomness is None:
             randomness = self._devnet_randomness(job)

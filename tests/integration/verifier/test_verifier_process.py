@@ -116,3 +116,40 @@ def test_killed_verifier_resumes_without_attesting_twice(run_env, config_file, t
     state = VerifierState(state_file, contract=env.protocol, run_id=env.spec.run_id, verifier=me)
     assert state.decision(first).status == ATTESTED and state.decision(second).status == ATTESTED
     state.close()
+
+
+def test_a_suspended_verifier_resumes_says_what_it_missed_and_attests_what_is_still_open(run_env, config_file,
+                                                                                         tmp_path):
+    """A verifier process frozen (SIGSTOP: a laptop's lid closed) while the window of a commit it was drawn for
+    closes and another commit lands, then resumed (SIGCONT): it records the first as missed and says so (it
+    said nothing), attests the second, and sends nothing into the closed window."""
+    from verifier_env import WINDOW, WORKER_B
+
+    env, me = run_env, run_env.address(CLI_VERIFIER)
+    chain = env.at(CLI_VERIFIER)
+    if chain.stake_of(me).role != Role.VERIFIER:  # when run without the stake test
+        chain.approve_stake(150 * 10**18)
+        chain.stake(Role.VERIFIER, 150 * 10**18, bytes(SigningKey(b"\x42" * 32).verify_key))
+    first, _ = env.produce(WORKER_A)
+    env.mine(1)
+    log = tmp_path / "verifier.log"
+    proc = _start(config_file, log, tmp_path)
+    try:
+        _wait(lambda: chain.attestation_of(first, me).exists, 90, f"attestation of commit {first}", proc, log)
+        os.kill(proc.pid, signal.SIGSTOP)
+        closed, _ = env.produce(WORKER_A)
+        env.mine(WINDOW + 2)  # its window closes while the verifier sleeps
+        still_open, _ = env.produce(WORKER_B)
+        env.mine(1)
+        os.kill(proc.pid, signal.SIGCONT)
+        _wait(lambda: any(line.startswith(f"commit {still_open} ") and "PASS" in line
+                          for line in log.read_text().splitlines()), 60, f"the verdict on commit {still_open}",
+              proc, log)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)  # a test that failed while it was frozen: stoppable by SIGTERM
+        stop_pid(proc.pid, 5.0, proc)
+    out = log.read_text()
+    missed = [line for line in out.splitlines() if line.startswith(f"commit {closed} ")]
+    assert len(missed) == 1 and "MISSED" in missed[0] and "challenge window closed" in missed[0], out
+    assert chain.attestation_of(still_open, me).exists and not chain.attestation_of(closed, me).exists
+    assert "Traceback" not in out and "ERROR" not in out, out
