@@ -10,8 +10,9 @@ replacement must never trigger there.
 from __future__ import annotations
 
 import pytest
-from chain_constants import MIN_WORKER, key_of
+from chain_constants import MIN_WORKER, RUN_ID, digest, key_of
 
+from krill.chain import errors as E
 from krill.chain.events import Staked
 from krill.chain.tx import FeeBumpPolicy, ReceiptTimeout
 from krill.chain.types import Role
@@ -176,3 +177,30 @@ def test_a_transaction_mined_at_once_is_never_replaced(env, monkeypatch):
     sent = _record_sends(env, monkeypatch, client, lambda count, fields: None)
     receipt = _stake(client, env)
     assert len(sent) == 1 and receipt.transaction_hash == "0x" + bytes(sent[0]["hash"]).hex()
+
+
+def test_a_pending_write_the_chain_now_refuses_is_not_replaced(staked, held, monkeypatch):
+    """A worker's commit sent, then evicted from the pool while the worker slept (a laptop's lid closed), and
+    meanwhile the run moved past S_max: a replacement could only land a revert (it did: gas for nothing). None
+    is sent; with none of its hashes pending or mined the wait ends with the contract's reason at once, as a
+    fresh estimate gives it, and nothing of the account is mined."""
+    env = held
+    rpc = env.w3.provider.make_request
+    client = _worker(env, monkeypatch, FeeBumpPolicy(check_s=0.05, after_s=0.2), receipt_timeout_s=60.0)
+    worker = env.addr(env.WORKERS[0])
+
+    def on_send(count, fields):
+        if count == 1 and fields is not None:
+            rpc("anvil_dropTransaction", ["0x" + bytes(fields["hash"]).hex()])
+            rpc("evm_setAutomine", [True])
+            for v in (1, 2, 3):  # max_staleness 2: a commit at version 0 is refused from version 3 on
+                env.coordinator.publish_version(RUN_ID, v, digest(f"manifest-{v}"), digest(f"record-{v}"))
+        return None
+
+    sent = _record_sends(env, monkeypatch, client, on_send)
+    mined = env.w3.eth.get_transaction_count(worker)
+    with pytest.raises(E.CommitVersionTooStale):
+        client.commit(RUN_ID, 0, 0, digest("asleep"))
+    assert len(sent) == 1, "replaced: a revert landed"
+    assert env.w3.eth.get_transaction_count(worker) == mined  # no gas spent
+    assert client.commit(RUN_ID, 3, 0, digest("awake")).block_number  # the nonce book goes on from the chain
