@@ -65,3 +65,28 @@ def test_a_payload_whose_fetch_never_ends_is_attested_unavailable_with_a_block_t
     assert not evidence.ok and evidence.reason == "unavailable", evidence
     assert "still being fetched" in evidence.checks[0].detail
     assert select.still_fetching_until(commit_block, WINDOW) <= commit_block + WINDOW - 2
+
+
+def test_a_verifier_resumed_after_the_randomness_block_expired_says_it_missed_the_commit(tmp_path_factory, tmp_path):
+    """A window longer than the 256 blocks whose hashes the EVM keeps: a verifier that sleeps (a laptop's lid
+    closed) past that many blocks after a commit it is drawn for can no longer seal the commit's randomness,
+    inside the window. It records the commit as missed, and says so (it said nothing)."""
+    from verifier_env import make_loop as loop_of
+
+    from krill.verifier.state import MISSED
+
+    env = start_run_env(tmp_path_factory, "randomness-expired", chain_spec=ChainSpec(
+        check_probability_ppm=1_000_000, challenge_window_blocks=400, attestation_quorum=1), unbonding_blocks=500)
+    try:
+        start = env.head()
+        commit_id, _ = env.produce(WORKER_A)
+        env.mine(260)  # the hash of the block after the commit is gone; the window is still open
+        lines: list[str] = []
+        loop = loop_of(env, tmp_path / "state.sqlite", start, lines)
+        loop.step()
+        decision = loop.state.decision(commit_id)
+        assert decision.status == MISSED and "randomness block expired" in decision.reason, decision
+        said = [line for line in lines if line.startswith(f"commit {commit_id} ")]
+        assert len(said) == 1 and "MISSED" in said[0] and "expired" in said[0], lines
+    finally:
+        env.anvil.stop()

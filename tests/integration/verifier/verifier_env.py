@@ -132,7 +132,8 @@ class RunEnv:
 
 
 def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None,
-                  rollout: RolloutSpec | None = None, chain_spec: ChainSpec | None = None) -> RunEnv:
+                  rollout: RolloutSpec | None = None, chain_spec: ChainSpec | None = None,
+                  unbonding_blocks: int | None = None) -> RunEnv:
     """A run on a fresh Anvil node; the tiny untrained model unless `model_dir` names another; every
     verifier checks every commit, at quorum 1, unless `chain_spec` says otherwise."""
     root = tmp_path_factory.mktemp(name)
@@ -141,7 +142,8 @@ def start_run_env(tmp_path_factory, name: str, accounts: int = 6, model_dir=None
         w3 = connect_http(anvil.rpc_url)
         accounts = dev_accounts(accounts)
         admin = accounts[ADMIN]
-        deployment = deploy(w3, admin)
+        # A challenge window must be under the deployment's unbonding period.
+        deployment = deploy(w3, admin, **({} if unbonding_blocks is None else {"unbonding_blocks": unbonding_blocks}))
         fund_accounts(w3, deployment, admin, [a.address for a in accounts], 10_000 * TOKEN)
         torch.manual_seed(0)
         if model_dir is None:
