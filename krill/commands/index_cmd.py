@@ -13,7 +13,9 @@ Design decisions:
   `sync --follow` keeps that error: each pass would retry that content at once, without a node, and use up
   its fetch attempts (`max_fetch_attempts`) in as many polls; `--no-store` follows the events alone.
 - Output is one line per pass (blocks, events, content fetched); `--json` prints machine-readable
-  reports. web3 and SQLAlchemy are imported inside the commands so `krill --help` stays instant.
+  reports, every pass. `--follow` in text does not repeat a pass that found nothing new: the first
+  says so and that it stays quiet until there is something, where every poll (one a second by
+  default) printed "no new confirmed block" again. web3 and SQLAlchemy are imported inside the commands so `krill --help` stays instant.
 """
 
 from __future__ import annotations
@@ -62,6 +64,25 @@ def _report_json(report) -> str:
                        "fetched": report.fetched}, sort_keys=True)
 
 
+def following_printer(as_json: bool, echo):
+    """What `sync --follow` prints of each pass (module docstring): JSON every pass; in text, a pass that found
+    nothing new only when the pass before it found something."""
+    quiet = False
+
+    def show(report) -> None:
+        nonlocal quiet
+        if as_json:
+            echo(_report_json(report))
+            return
+        idle = report.next_block == report.from_block and not report.events and not report.fetched
+        if idle and quiet:
+            return
+        echo(_line(report) + ("; quiet until there is something new" if idle else ""))
+        quiet = idle
+
+    return show
+
+
 @click.group()
 def index() -> None:
     """The local index of contract events, headers and manifests (SQLite or PostgreSQL)."""
@@ -86,14 +107,12 @@ def sync(follow: bool, poll_s: float | None, no_store: bool, as_json: bool) -> N
                                  "sync` without --follow (one pass, reading the blocks already in the repo), or follow "
                                  "the events alone with --follow --no-store", exc.repo, exc.holder) from exc
 
-        def show(report) -> None:
-            click.echo(_report_json(report) if as_json else _line(report))
-
         if not follow:
-            show(indexer.sync())
+            report = indexer.sync()
+            click.echo(_report_json(report) if as_json else _line(report))
             return
         try:
-            indexer.follow(poll_s or config.chain.poll_interval_s, on_pass=show)
+            indexer.follow(poll_s or config.chain.poll_interval_s, on_pass=following_printer(as_json, click.echo))
         except KeyboardInterrupt:
             click.echo("stopped", err=True)
 
