@@ -156,11 +156,25 @@ def stop_devnet(state_dir: Path) -> bool:
     return stopped
 
 
+PROC = Path("/proc")
+
+
 def _is_anvil(pid: int) -> bool:
+    """Whether process `pid` runs Anvil: its command line from /proc, or from `ps` where there is no /proc
+    (macOS), where `down` used to refuse every devnet as "no longer Anvil"."""
+    if PROC.is_dir():
+        try:
+            return "anvil" in (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+    import subprocess
+
     try:
-        return "anvil" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
+        shown = subprocess.run(["ps", "-p", str(pid), "-o", "command="], capture_output=True, timeout=10,
+                               check=False)
+    except (OSError, subprocess.TimeoutExpired):
         return False
+    return "anvil" in shown.stdout.decode(errors="replace")
 
 
 def devnet_status(state_dir: Path) -> dict:

@@ -3,6 +3,8 @@ password, its production database) used to be copied into it, and a bad KRILL_CO
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from krill.chain.anvil import free_port, pid_alive
@@ -80,3 +82,24 @@ def test_devnet_ups_started_at_once_share_one_devnet(tmp_path):
         assert {state for state, _ in results} == {read_state(state_dir)}
     finally:
         stop_devnet(state_dir)
+
+
+@pytest.mark.parametrize("proc", ["/proc", "/no-proc-here"], ids=["linux", "no-proc"])
+def test_devnet_down_stops_its_anvil_with_or_without_proc(tmp_path, monkeypatch, proc):
+    """Before: without /proc (macOS), `krill devnet down` refused every devnet as 'no longer Anvil'."""
+    from pathlib import Path
+
+    import krill.chain.devnet as devnet
+
+    state, started = start_devnet(tmp_path / "devnet", port=free_port())
+    assert started
+    try:
+        monkeypatch.setattr(devnet, "PROC", Path(proc))
+        assert stop_devnet(tmp_path / "devnet")
+    finally:
+        if pid_alive(state.pid):
+            from krill.chain.anvil import stop_pid
+
+            stop_pid(state.pid)
+    assert not pid_alive(state.pid) and read_state(tmp_path / "devnet") is None
+    assert not devnet._is_anvil(os.getpid())  # this test's own process is no Anvil, by either reading
