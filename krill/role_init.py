@@ -133,7 +133,7 @@ def _fund_on_devnet(chain, address: str) -> list[str]:
     from krill.staking import StakingError, tokens
 
     funded = []
-    if chain.w3.eth.get_balance(address) == 0:
+    if chain.ether_balance(address) == 0:
         _set_balance(chain, address)
         funded.append(f"{DEVNET_ETHER // 10**18} ETH")
     if chain.token.balance_of(address) == 0:
@@ -144,7 +144,7 @@ def _fund_on_devnet(chain, address: str) -> list[str]:
             raise StakingError(f"the devnet faucet (dev account {DEVNET_ACCOUNTS - 1}, {faucet.address}) has fewer "
                                f"than {tokens(DEVNET_TOKENS)} KRILL left to give {address}: restart the devnet "
                                "(`krill devnet down && krill devnet up`) or ask its operator for tokens")
-        if chain.w3.eth.get_balance(faucet.address) == 0:
+        if chain.ether_balance(faucet.address) == 0:
             _set_balance(chain, faucet.address)
         chain.as_account(faucet).token.transfer(address, DEVNET_TOKENS)
         funded.append(f"{tokens(DEVNET_TOKENS)} KRILL")

@@ -73,14 +73,16 @@ def connect_chain(config: KrillConfig, account=None, *, address_from: str = "cha
 
     `address_from` names where the protocol address came from, for the error when no contract is there."""
     from krill.chain.client import KrillChain
-    from krill.chain.rpc import RetryPolicy, connect_http
+    from krill.chain.rpc import RetryPolicy, connect_http, with_retries
 
     if not config.chain.protocol_address:
         raise ConfigError("chain.protocol_address is not set: run `krill devnet up` or set it in the config")
     w3 = connect_http(config.chain.rpc_url, timeout_s=config.chain.request_timeout_s)
     retry = RetryPolicy(attempts=config.chain.retries + 1)
     try:
-        chain_id = w3.eth.chain_id
+        # The first contact is retried as every later read is: one reset connection on a lossy link made it
+        # "unreachable", which stopped `krill worker stake` and `krill coordinator run`.
+        chain_id = with_retries(lambda: w3.eth.chain_id, "eth_chainId", retry, config.chain.rpc_url)
     except Exception as exc:  # noqa: BLE001 - any transport failure means the same thing to the user
         raise ChainUnavailableError(f"chain at {config.chain.rpc_url} is unreachable ({type(exc).__name__}): "
                                     "is the node running? (`krill devnet status`)") from None
@@ -88,7 +90,8 @@ def connect_chain(config: KrillConfig, account=None, *, address_from: str = "cha
         raise ConfigError(f"chain at {config.chain.rpc_url} has chain id {chain_id}, the config expects "
                           f"{config.chain.chain_id}")
     try:
-        code = w3.eth.get_code(w3.to_checksum_address(config.chain.protocol_address))
+        code = with_retries(lambda: w3.eth.get_code(w3.to_checksum_address(config.chain.protocol_address)),
+                            "eth_getCode", retry, config.chain.rpc_url)
     except Exception as exc:  # noqa: BLE001 - as for the chain id above
         raise ChainUnavailableError(f"chain at {config.chain.rpc_url} is unreachable ({type(exc).__name__}): "
                                     "is the node running? (`krill devnet status`)") from None

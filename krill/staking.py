@@ -117,7 +117,7 @@ def stake(config: KrillConfig, role: str, amount: int | None = None, prompt=None
     if balance < amount:
         raise StakingError(f"not enough tokens: {address} holds {tokens(balance)} KRILL, staking needs "
                            f"{tokens(amount)} (ask the run's operator for tokens, or pass a smaller --amount)")
-    if chain.w3.eth.get_balance(address) == 0:
+    if chain.ether_balance(address) == 0:
         raise StakingError(f"{address} has no ether to pay gas for the approve and stake transactions "
                            "(send it some, or on a devnet run `krill " + role + " init --devnet` to fund it)")
     minimum = chain.minimum_stake(role_code(role))

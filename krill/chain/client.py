@@ -80,6 +80,11 @@ class KrillChain(ProtocolViews):
     def block_number(self) -> int:
         return with_retries(lambda: self.w3.eth.block_number, "eth_blockNumber", self._retry, endpoint_of(self.w3))
 
+    def ether_balance(self, address: str) -> int:
+        """The ether (wei) `address` holds at the latest block, to pay gas with."""
+        return int(with_retries(lambda: self.w3.eth.get_balance(address), "eth_getBalance", self._retry,
+                                endpoint_of(self.w3)))
+
     def block_hash(self, number: int) -> bytes:
         """The hash of block `number` (which must exist: BlockNotFound from web3 otherwise)."""
         return bytes(with_retries(lambda: self.w3.eth.get_block(number)["hash"], "eth_getBlockByNumber",
