@@ -161,13 +161,13 @@ class DemoResult:
     seconds: float
 
 
-def run_probed_demo(config, workdir: Path, echo=lambda line: None) -> DemoResult:
-    """`run_demo(config)` in `workdir` with a `Probe` sampling alongside."""
+def run_probed_demo(config, workdir: Path, echo=lambda line: None, chain_link=None) -> DemoResult:
+    """`run_demo(config)` in `workdir` with a `Probe` sampling alongside (`chain_link`: see `run_demo`)."""
     from krill.demo.orchestrate import run_demo
 
     started = time.perf_counter()
     with Probe(workdir) as probe:
-        summary = run_demo(config, workdir, echo=echo)
+        summary = run_demo(config, workdir, echo=echo, chain_link=chain_link)
     return DemoResult(summary, workdir, f"sqlite:///{workdir / 'krill.db'}", summary["run_id"].removeprefix("0x"),
                       probe, time.perf_counter() - started)
 

@@ -217,11 +217,16 @@ def _write_role_config(path: Path, *, rpc_url: str, deployment, store: Path, db_
 
 def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
              on_summary: Callable[[dict], None] | None = None,
-             earlier: list[tuple[Path, int]] | None = None) -> dict:
+             earlier: list[tuple[Path, int]] | None = None,
+             chain_link: Callable[[str, str], str] | None = None) -> dict:
     """Run the demo in `workdir`; returns the summary (also written to workdir/summary.json).
 
     `on_summary` sees the summary as soon as it exists (before `serve` keeps the explorer up);
-    `earlier` (earlier demo directories and their bytes) is named when the disk is too full."""
+    `earlier` (earlier demo directories and their bytes) is named when the disk is too full;
+    `chain_link(role, node_url)` gives the RPC URL a `worker` or `verifier` reaches the node at (its
+    config's `chain.rpc_url`, for everything it runs: stake and run), where it is not the node's own
+    (`krill bench latency`: a lagging link). The coordinator, the index sync, the audit and the release
+    always use the node's."""
     from krill.chain.anvil import AnvilProcess
     from krill.chain.devnet import provision
     from krill.chain.rpc import dev_accounts
@@ -283,7 +288,9 @@ def run_demo(config: DemoConfig, workdir: Path, echo: Callable[[str], None],
                                          "poll_interval_s": DEMO_POLL_S["coordinator"]}} \
                     if role == "coordinator" else {role: {"poll_interval_s": DEMO_POLL_S[role], **role_settings(config, role)}}
                 path = workdir / f"{name}.toml"
-                _write_role_config(path, rpc_url=node.rpc_url, deployment=deployment, store=workdir / "store",
+                rpc_url = chain_link(role, node.rpc_url) if chain_link is not None and role != "coordinator" \
+                    else node.rpc_url
+                _write_role_config(path, rpc_url=rpc_url, deployment=deployment, store=workdir / "store",
                                    db_url=db_url, keystore=keystores[name], run_id=run_id, extra=extra)
                 run.configs[name] = path
 
