@@ -34,8 +34,9 @@ Design decisions:
   line that does not parse, and was lost from the log and from `krill worker status`.
 - A write that fails (a full disk, a read-only file system) is a `WorkerStateError` naming the
   file, and leaves the state as it was before it, on disk and in memory: the temporary file is
-  removed, and a contribution whose state write failed is not named as pending and its bundle is
-  deleted. It used to surface as a bare `OSError: [Errno 28] No space left on device` traceback,
+  removed (where the file system still allows it: a read-only one refuses even that, and its error
+  is not the one to report), and a contribution whose state write failed is not named as pending
+  and its bundle is deleted. It used to surface as a bare `OSError: [Errno 28] No space left on device` traceback,
   naming no file, with the temporary file left behind.
 - A fresh state must learn the nonces this worker already committed before it hands one out (the
   chain's `Committed` events; `krill.worker.runner`). The document records that as `recovered`,
@@ -48,6 +49,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -107,7 +109,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        # The file system that refused the write may refuse this too (remounted read-only, it answers EROFS
+        # even for a temporary file never made): the error to report is the write's.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise _unwritable(path, exc) from None
 
 

@@ -270,3 +270,17 @@ def test_a_full_disk_is_one_error_naming_the_file_and_leaves_the_state_as_it_was
     assert WorkerState.open(tmp_path, RUN, WORKER).pending == pending  # resumed on restart, never lost
     state.finish({"nonce": 0, "status": "committed"})
     assert state.history() == [{"nonce": 0, "status": "committed"}] and state.pending is None
+
+
+def test_a_write_whose_temporary_file_cannot_be_removed_either_is_still_one_error_naming_the_file(tmp_path):
+    """A file system that refuses the write may refuse the cleanup's unlink too: remounted read-only (as the
+    kernel does after disk errors), even the unlink of a temporary file never made fails (EROFS), and that
+    OSError escaped bare, naming the temporary file, in place of the WorkerStateError. Here the run's folder
+    turned into a file under the worker, which refuses the unlink the same way (ENOTDIR), with no mount."""
+    import shutil
+
+    state = WorkerState.open(tmp_path, RUN, WORKER)
+    shutil.rmtree(state.directory)
+    state.directory.write_bytes(b"")
+    with pytest.raises(WorkerStateError, match=r"cannot write .*state\.json: Not a directory"):
+        state.advance_to(5)
