@@ -19,6 +19,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -73,7 +74,10 @@ class LocalStore(BlockBackedStore):
                 fh.write(block)
             os.replace(tmp, target)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            # The file system that refused the write may refuse this too (remounted read-only, it answers EROFS
+            # even for a temporary file never made): the error to report is the write's, as a StoreError.
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write block {cid} to {self.root}: {exc}") from None
 
     def _get(self, cid: str, limit: int) -> bytes:

@@ -170,3 +170,14 @@ def test_a_full_disk_at_a_new_shard_folder_is_a_store_error_naming_the_store(sto
     monkeypatch.undo()
     cid = store.put_block(b"first of its shard")
     assert store.get(cid) == b"first of its shard"
+
+
+def test_a_block_write_whose_temporary_file_cannot_be_removed_either_is_a_store_error(store):
+    """A file system that refuses the write may refuse the cleanup's unlink too: remounted read-only (as the
+    kernel does after disk errors), even the unlink of a temporary file never made fails (EROFS), and that
+    OSError escaped bare where every failed block write is a StoreError. Here the store's tmp folder turned
+    into a file, which refuses the unlink the same way (ENOTDIR), with no mount."""
+    (store.root / "tmp").rmdir()
+    (store.root / "tmp").write_bytes(b"")
+    with pytest.raises(StoreError, match=r"cannot write block \w+ to .*store: .*Not a directory"):
+        store.put_block(b"written once the tmp folder is gone")
