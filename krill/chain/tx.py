@@ -39,13 +39,15 @@ Design decisions:
   them landed; "underpriced", "insufficient funds"; Anvil's "less than block base fee" for one held
   at the cap) is no error: the wait goes on with the hashes sent, and a later replacement must still
   outbid the refused one, so the cap ends the attempts. Replacing makes the transactor read fees
-  afresh for its next write. A replacement is sent only while the write's call still passes at the
-  latest block: one the chain now refuses (a commit whose version went stale while it was pending,
-  an attestation whose window closed: a laptop asleep with the write in the pool) is not paid more
-  to land a revert; if none of its hashes is pending or mined any more (the pool dropped it) the
-  wait ends at once with that revert, as a fresh estimate would, and otherwise it waits for them.
-  Replaced, a worker's commit evicted from the pool while it slept landed as a revert after the
-  run moved on (37k gas spent). The nonce book is untouched (same nonce). The base fee is looked at
+  afresh for its next write. Before a replacement, the write's call is run at the latest block: when
+  the chain now refuses it (a commit whose version went stale while it was pending, an attestation
+  whose window closed: a laptop asleep with the write in the pool) and none of its hashes is pending
+  or mined any more (the pool dropped it), nothing is sent and the wait ends with that revert, as a
+  fresh estimate would (within `LOOKUP_GRACE_S` per hash). Replaced, a worker's commit evicted from
+  the pool while it slept landed as a revert after the run moved on (37k gas spent). One still
+  pending is replaced all the same: it holds its nonce, and a node that keeps it in the pool under
+  the base fee (geth does) would hold every later write of the account behind it; landed as a
+  revert, it frees the nonce. The nonce book is untouched (same nonce). The base fee is looked at
   only after `FeeBumpPolicy.check_s` without a receipt, and never in process: py-evm mines on
   arrival.
 - Views and gas estimates go straight through the provider as JSON-RPC requests (`raw_call`):
@@ -472,11 +474,8 @@ class Transactor:
                                      f"{self.receipt_timeout_s:g} seconds", shown) from None
             if bumping and now >= next_check:
                 next_check = now + self.bump.check_s
-                replaced = self._replace(latest, tx["maxFeePerGas"], now - last_sent >= self.bump.after_s, what)
-                if isinstance(replaced, ContractRevert):  # the write reverts now: no replacement (module docstring)
-                    if not any(self._landed(h) for h in sent):
-                        raise replaced  # none sent is pending or mined: nothing of it can land any more
-                    replaced = None
+                replaced = self._replace(latest, tx["maxFeePerGas"], now - last_sent >= self.bump.after_s, what,
+                                         sent)
                 if replaced is not None:
                     new_hash, latest = replaced  # a refused one too: the next must outbid it, or the cap ends it
                     if new_hash is not None:
@@ -485,11 +484,13 @@ class Transactor:
             time.sleep(delay)
             delay = min(2 * delay, 0.05 * len(sent))  # each look asks for every hash sent
 
-    def _replace(self, tx: dict, first_fee: int, stale: bool, what: str) -> tuple[bytes | None, dict] | ContractRevert | None:
+    def _replace(self, tx: dict, first_fee: int, stale: bool, what: str,
+                 sent: list[bytes]) -> tuple[bytes | None, dict] | None:
         """Send `tx` again under its nonce with raised fees if the next block's base fee outgrew its maxFee
         or it is `stale` (see the module docstring): the fields signed and their hash (None if the node
-        refused them), or None when no replacement is due or the cap leaves no room for one, or the
-        revert of its call at the latest block, sending nothing, when the chain now refuses it."""
+        refused them), or None when no replacement is due or the cap leaves no room for one. Raises the
+        revert of its call at the latest block, sending nothing, when the chain now refuses it and none of
+        the hashes `sent` under its nonce is pending or mined."""
         base = self._next_base_fee()
         if tx["maxFeePerGas"] >= base and not stale:
             return None
@@ -499,8 +500,8 @@ class Transactor:
         if fee < _raised(tx["maxFeePerGas"]) or fee < _raised(tx["maxPriorityFeePerGas"]):
             return None  # the cap leaves no room for a replacement the nodes accept
         refused = self._refused_now(tx, what)
-        if refused is not None:
-            return refused
+        if refused is not None and not any(self._landed(h) for h in sent):
+            raise refused  # nothing of it can land any more; one still pending is replaced (module docstring)
         fields = {**tx, "maxFeePerGas": fee, "maxPriorityFeePerGas": min(tip, fee)}
         self.forget_fees()  # priced under the base fee now: the next write reads them again
         try:

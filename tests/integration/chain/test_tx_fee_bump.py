@@ -204,3 +204,29 @@ def test_a_pending_write_the_chain_now_refuses_is_not_replaced(staked, held, mon
     assert len(sent) == 1, "replaced: a revert landed"
     assert env.w3.eth.get_transaction_count(worker) == mined  # no gas spent
     assert client.commit(RUN_ID, 3, 0, digest("awake")).block_number  # the nonce book goes on from the chain
+
+
+def test_a_pending_write_the_chain_now_refuses_is_still_replaced_while_it_holds_its_nonce(staked, held, monkeypatch):
+    """A commit the run moved past while it stayed in the pool (a node that keeps a write under the base fee,
+    as geth does, here one queued behind a nonce gap): not replaced, it held its nonce and every later write of
+    the account behind it until the wait timed out; replaced, it lands as a revert and frees the nonce."""
+    env = held
+    rpc = env.w3.provider.make_request
+    client = _worker(env, monkeypatch, FeeBumpPolicy(check_s=0.05, after_s=0.2), receipt_timeout_s=2.0)
+    sender = client._tx.address
+    # One past the account's next nonce: the node keeps the commit queued, never mined, whatever the blocks.
+    monkeypatch.setitem(client._tx.nonces._next, sender, env.w3.eth.get_transaction_count(sender, "pending") + 1)
+
+    def on_send(count, fields):
+        if count == 1 and fields is not None:
+            rpc("evm_setAutomine", [True])
+            for v in (1, 2, 3):  # max_staleness 2: a commit at version 0 is refused from version 3 on
+                env.coordinator.publish_version(RUN_ID, v, digest(f"manifest-{v}"), digest(f"record-{v}"))
+        return None
+
+    sent = _record_sends(env, monkeypatch, client, on_send)
+    with pytest.raises(ReceiptTimeout):
+        client.commit(RUN_ID, 0, 0, digest("queued"))
+    assert len(sent) >= 2, "not replaced: its nonce stays held"
+    assert {s["nonce"] for s in sent} == {sent[0]["nonce"]}
+    assert sent[1]["maxFeePerGas"] > sent[0]["maxFeePerGas"]
