@@ -33,10 +33,10 @@ Design decisions:
   `history` skips: appended straight after it, the repeated outcome joined the fragment into one
   line that does not parse, and was lost from the log and from `krill worker status`.
 - A write that fails (a full disk, a read-only file system) is a `WorkerStateError` naming the
-  file, and leaves the state as it was before it, on disk and in memory: the temporary file is
-  removed (where the file system still allows it: a read-only one refuses even that, and its error
-  is not the one to report), and a contribution whose state write failed is not named as pending
-  and its bundle is deleted. It used to surface as a bare `OSError: [Errno 28] No space left on device` traceback,
+  file, which stops the worker, and leaves the state on disk as it was before it: the temporary
+  file is removed (where the file system still allows it: a read-only one refuses even that, and its
+  error is not the one to report), and a contribution whose state write failed is not named as
+  pending, in memory either, and its bundle is deleted. It used to surface as a bare `OSError: [Errno 28] No space left on device` traceback,
   naming no file, with the temporary file left behind.
 - A fresh state must learn the nonces this worker already committed before it hands one out (the
   chain's `Committed` events; `krill.worker.runner`). The document records that as `recovered`,
