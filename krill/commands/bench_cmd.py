@@ -21,6 +21,7 @@ BENCHMARKS = {
     "aggregate": "krill.commands.bench_aggregate:aggregate",
     "compression": "krill.commands.bench_compression:compression",
     "gas": "krill.commands.bench_gas:gas",
+    "latency": "krill.commands.bench_latency:latency",
     "protocol": "krill.commands.bench_protocol:protocol",
     "robustness": "krill.commands.bench_robustness:robustness",
     "rl": "krill.commands.bench_rl:rl",

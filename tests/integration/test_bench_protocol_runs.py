@@ -1,4 +1,4 @@
-"""Issue 8's demo-based benchmarks at their tiny size: protocol, verify and scale (Anvil, real processes).
+"""Issue 8's demo-based benchmarks at their tiny size: protocol, verify, scale and latency (Anvil, real processes).
 
 Each runs a `krill demo` of under a minute of training on a tiny random model (about 80 s with
 set-up on 2 cores), so the module is marked slow; the figures come from the default-size runs.
@@ -75,3 +75,19 @@ def test_scale_tiny_measures_throughput_lag_and_memory(tmp_path):
     assert memory["worker"]["processes"] == 2 and memory["coordinator"]["max_mib"] > 50
     assert memory["verifier"]["max_mib"] > 50
     assert {g["figure"] for g in data["growth"]} >= {"accepted_per_s", "index_lag_s_median", "coordinator_mib"}
+
+
+def test_latency_tiny_runs_workers_and_verifier_through_a_lagging_link(tmp_path):
+    data = _run(tmp_path, "latency")
+    (point,) = data["points"]
+    assert point["stopped"] is None and point["link"] == "100 ms ± 20 one way"
+    assert point["versions"] >= 2 and point["versions_per_min"] > 0
+    assert point["accepted"] >= 1 and point["rejected_by_reason"].get("wrong_rewards", 0) >= 1  # the forger
+    assert point["verifier"]["attested"] + point["verifier"]["pending"] + point["verifier"]["skipped"] >= 1
+    worker, verifier = point["links"]["worker"], point["links"]["verifier"]
+    # Every worker and the verifier reached the node through the proxies, the workers' head waiters too.
+    assert worker["methods"]["eth_chainId"] >= 3 and verifier["methods"]["eth_chainId"] >= 1
+    assert worker["websockets"] >= 3 and worker["unparsed"] == verifier["unparsed"] == 0
+    per = point["worker_requests_per_commit"]
+    assert per["commits"] >= 2 and 0.8 <= per["methods"]["eth_sendRawTransaction"] <= 1.2  # one commit each
+    assert per["total"] > per["methods"]["eth_sendRawTransaction"]

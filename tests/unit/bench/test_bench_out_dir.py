@@ -14,6 +14,7 @@ from krill.cli import cli
 RUNS = {
     "aggregate": ("krill.bench.aggregate", "run_aggregate"),
     "compression": ("krill.bench.compression", "run_compression"),
+    "latency": ("krill.bench.latency", "run_latency"),
     "protocol": ("krill.bench.protocol", "run_protocol"),
     "rl": ("krill.bench.rl_compare", "run_compare"),
     "robustness": ("krill.bench.robustness_inproc", "run_inproc"),
