@@ -116,7 +116,7 @@ class _HttpRequests:
                 self.mode, self.buffer = "websocket", b""
                 self.stats.websockets += 1
                 return
-            if "content-length" not in headers:
+            if not headers.get("content-length", "").isdigit():
                 if head.startswith(("get ", "head ")):
                     self.buffer = self.buffer[end + 4:]
                     continue

@@ -32,6 +32,9 @@ Design decisions:
   coordinator may be stopped after journalling version t+1 (its accepted rows carry
   `aggregated_version` t+1) and before publishing it. Those, and contributions validated but not
   folded yet, are reported apart (`accepted_unpublished`) when there are any.
+- A caller may give the workers and verifiers another RPC URL than the node's (`run_demo`'s
+  `chain_link`): `krill bench latency` puts a lagging proxy there, to run them as if they were far
+  from their node. The coordinator, the index sync, the audit and the release keep the node's.
 - The verifiers run at a lower CPU priority (`verifier.nice` = 10): every role shares the same
   few cores here, a version waits for the workers and the coordinator, and a verifier's checks
   have a window of blocks. The benchmarks that measure the verifiers or the system's load

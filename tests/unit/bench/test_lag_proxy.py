@@ -127,3 +127,17 @@ def test_json_rpc_requests_are_counted_per_method_and_a_websocket_is_passed_thro
 def test_a_profile_refuses_jitter_beyond_its_delay():
     with pytest.raises(ValueError, match="jitter"):
         LinkProfile("bad", delay_s=0.01, jitter_s=0.02)
+
+
+def test_a_stream_it_cannot_read_as_json_rpc_is_passed_through_and_said_so(echo_server):
+    chunked = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    garbled = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: lots\r\n\r\nhello"
+    with LagProxy(echo_server, LinkProfile("0 ms"), seed=1) as proxy:
+        for stream in (chunked, garbled):
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+                sock.sendall(stream)
+                got = b""
+                while len(got) < len(stream):
+                    got += sock.recv(65536)
+            assert got == stream
+    assert proxy.stats.unparsed == 2 and proxy.stats.requests == []
