@@ -147,6 +147,7 @@ class LagProxy:
         self.target, self.profile, self.seed = target, profile, seed
         self.stats = LinkStats()
         self.port = 0
+        self._writers: set = set()  # both ends of every open connection, aborted at close
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -191,12 +192,18 @@ class LagProxy:
             _abort(client_writer)
             return
         link = {"reset": False, "writers": (client_writer, server_writer)}
-        await asyncio.gather(
-            self._pipe(client_reader, server_writer, link, self._rng(number, "up"), _HttpRequests(self.stats)),
-            self._pipe(server_reader, client_writer, link, self._rng(number, "down"), None),
-            return_exceptions=True)
-        for writer in link["writers"]:
-            writer.close()
+        self._writers.update(link["writers"])
+        try:
+            await asyncio.gather(
+                self._pipe(client_reader, server_writer, link, self._rng(number, "up"), _HttpRequests(self.stats)),
+                self._pipe(server_reader, client_writer, link, self._rng(number, "down"), None),
+                return_exceptions=True)
+        except asyncio.CancelledError:
+            pass  # close(): end normally, or Python 3.11's stream callback logs the cancelled task as an error
+        finally:
+            for writer in link["writers"]:
+                writer.close()
+                self._writers.discard(writer)
 
     async def _pipe(self, reader, writer, link: dict, rng: random.Random, requests: _HttpRequests | None) -> None:
         p = self.profile
@@ -256,11 +263,16 @@ class LagProxy:
         self._thread.join(10)
 
     async def _shutdown(self) -> None:
+        # Stop accepting, reset every open connection, then wait for every task to end (a connection accepted
+        # while the first ones ended is cancelled in the next round), so none is left pending on a closed loop.
         self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for writer in list(self._writers):
+            _abort(writer)
+        me = asyncio.current_task()
+        while tasks := [t for t in asyncio.all_tasks() if t is not me and not t.done()]:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         asyncio.get_running_loop().call_soon(self._loop.stop)
 
 

@@ -141,3 +141,18 @@ def test_a_stream_it_cannot_read_as_json_rpc_is_passed_through_and_said_so(echo_
                     got += sock.recv(65536)
             assert got == stream
     assert proxy.stats.unparsed == 2 and proxy.stats.requests == []
+
+
+def test_close_resets_open_connections_and_leaves_no_task_behind(echo_server, caplog):
+    import asyncio
+
+    with LagProxy(echo_server, LinkProfile("held", stall_p=1.0, stall_s=30.0), seed=1) as proxy:
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        sock.sendall(b"held for 30 s")
+        deadline = time.monotonic() + 5
+        while proxy.stats.stalls == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    with sock, pytest.raises(ConnectionResetError):  # not a read that waits for data that never comes
+        sock.recv(100)
+    assert asyncio.all_tasks(proxy._loop) == set()
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
