@@ -61,12 +61,12 @@ class LinkProfile:
             raise ValueError(f"link {self.name}: delays cannot be negative")
 
     def describe(self) -> str:
-        text = f"{self.delay_s * 1000:.0f} ms" + (f" ± {self.jitter_s * 1000:.0f}" if self.jitter_s else "")
+        text = f"{self.delay_s * 1000:.0f}" + (f" ± {self.jitter_s * 1000:.0f}" if self.jitter_s else "") + " ms one way"
         if self.stall_p:
-            text += f", stall {self.stall_s:g} s at p={self.stall_p:g}"
+            text += f", {self.stall_s:g}-s stalls (p {self.stall_p:g} per chunk)"
         if self.reset_p:
-            text += f", reset at p={self.reset_p:g}"
-        return text + " one way"
+            text += f", resets (p {self.reset_p:g} per chunk)"
+        return text
 
 
 @dataclass

@@ -80,7 +80,7 @@ def test_scale_tiny_measures_throughput_lag_and_memory(tmp_path):
 def test_latency_tiny_runs_workers_and_verifier_through_a_lagging_link(tmp_path):
     data = _run(tmp_path, "latency")
     (point,) = data["points"]
-    assert point["stopped"] is None and point["link"] == "100 ms ± 20 one way"
+    assert point["stopped"] is None and point["link"] == "100 ± 20 ms one way"
     assert point["versions"] >= 2 and point["versions_per_min"] > 0
     assert point["accepted"] >= 1 and point["rejected_by_reason"].get("wrong_rewards", 0) >= 1  # the forger
     assert point["verifier"]["attested"] + point["verifier"]["pending"] + point["verifier"]["skipped"] >= 1

@@ -43,7 +43,7 @@ def test_verifier_counts_read_every_state_file_by_status(tmp_path):
 
 def test_the_table_names_a_profile_whose_role_stopped_and_tallies_the_others():
     links = {"worker": LinkStats(stalls=2, resets=1).as_dict(), "verifier": LinkStats(resets=1).as_dict()}
-    ok = {"profile": "100 ms", "link": "100 ms ± 20 one way", "stopped": None, "versions_per_min": 26.04,
+    ok = {"profile": "100 ms", "link": "100 ± 20 ms one way", "stopped": None, "versions_per_min": 26.04,
           "accepted": 39, "rejected": 19, "rejected_by_reason": {"wrong_rewards": 19},
           "verifier": {"attested": 5, "missed": 0, "pending": 3}, "jailed": ["worker-2"], "links": links,
           "worker_requests_per_commit": {"total": 8.7, "methods": {"eth_call": 4.67}},
@@ -54,7 +54,7 @@ def test_the_table_names_a_profile_whose_role_stopped_and_tallies_the_others():
                      "loadavg_end": [0.4, 0.5, 0.6], "seconds": 600.0, "points": [ok, stopped],
                      "settings": {"workers": 3, "adversaries": 1, "verifiers": 1, "model": "tiny", "shards": 2,
                                   "minutes": 1.5}})
-    assert "| 100 ms ± 20 one way | 26.0 | 39 | 19 (wrong_rewards 19) | 5 / 0 / 3 | 8.7 | 1.5 | 2 / 2 | " \
+    assert "| 100 ± 20 ms one way | 26.0 | 39 | 19 (wrong_rewards 19) | 5 / 0 / 3 | 8.7 | 1.5 | 2 / 2 | " \
            "no (jailed: worker-2) |" in text
     assert "| 150 ms | - | - | - | - | - | - | 2 / 2 | worker-0 stopped unexpectedly: |" in text
     assert "| eth_call | 4.67 |" in text and "usable CPUs of" in text

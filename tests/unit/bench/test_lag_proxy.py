@@ -156,3 +156,9 @@ def test_close_resets_open_connections_and_leaves_no_task_behind(echo_server, ca
         sock.recv(100)
     assert asyncio.all_tasks(proxy._loop) == set()
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+
+
+def test_a_profile_describes_itself_delay_first():
+    assert LinkProfile("0 ms").describe() == "0 ms one way"
+    assert LinkProfile("x", delay_s=0.1, jitter_s=0.02, stall_p=0.01, stall_s=8.0, reset_p=0.003).describe() == \
+        "100 ± 20 ms one way, 8-s stalls (p 0.01 per chunk), resets (p 0.003 per chunk)"
