@@ -22,7 +22,8 @@ Design decisions:
   figures and the benchmark goes on with the next.
 - Sizes: `tiny` (CI smoke: 100 ms ± 20 one way, 30 s of training) and `default` (0 ms, 100 ± 20,
   300 ± 50, and 100 ± 20 with stalls of 8 s at 1% of chunks and resets at 0.3%; 90 s of training
-  each; about 10 minutes on 2 cores).
+  each; about 10 minutes on 2 cores). `link` runs one profile of `default` alone (`--link 300`): its
+  figures before and after a change, run by turns on the same machine, without the other three.
 """
 
 from __future__ import annotations
@@ -155,13 +156,27 @@ def profile_figures(demo, links: Links) -> dict:
             "demo_seconds": round(demo.seconds, 1), "train_seconds": demo.summary.get("train_seconds")}
 
 
-def run_latency(size: str = "default", echo: Callable[[str], None] = print, keep: Path | None = None) -> dict:
-    """One demo per link profile of `size`; figures per profile."""
+def profile_named(link: str) -> str:
+    """The key of the profile `link` names: a key of `PROFILES`, or its one-way delay in ms ("300")."""
+    for key in PROFILES:
+        if link in (key, key.removesuffix(" ms")):
+            return key
+    raise ValueError(f"no link profile {link!r}: choose one of {', '.join(repr(k) for k in PROFILES)} "
+                     "(or its delay alone, such as '300')")
+
+
+def run_latency(size: str = "default", echo: Callable[[str], None] = print, keep: Path | None = None,
+                link: str | None = None) -> dict:
+    """One demo per link profile of `size` (only the profile `link` names, when given); figures per profile."""
     from krill.demo.orchestrate import DemoConfig
     from krill.errors import KrillError
 
     s = SIZES[size]
+    if link is not None:
+        s = {**s, "profiles": (profile_named(link),)}
     result = started(size)
+    if link is not None:
+        result["only"] = s["profiles"][0]
     result["settings"] = {**DEMO, "minutes": s["minutes"], "model": "tiny random Llama (hidden 32, 2 layers)",
                           "attack": "forge-rewards", "fresh_gradients": True, "seed": SEED,
                           "link": "workers and verifiers to the chain node (HTTP and WebSocket); coordinator local"}
@@ -170,7 +185,8 @@ def run_latency(size: str = "default", echo: Callable[[str], None] = print, keep
     with temporary_workdir(keep, "krill-bench-latency-") as tmp:
         root = Path(tmp)
         model = model_dir("tiny", root)
-        for i, key in enumerate(s["profiles"]):
+        for n, key in enumerate(s["profiles"]):
+            i = n if link is None else list(PROFILES).index(key)  # one profile alone is seeded as in the full run
             profile = PROFILES[key]
             config = DemoConfig(**DEMO, minutes=s["minutes"], versions=10_000, eval_every=1000, model_dir=model,
                                 release=False, explorer_port=None, audit_last=0, verifier_nice=0,
@@ -212,7 +228,8 @@ def _faults(p: dict) -> str:
 
 def markdown(r: dict) -> str:
     s = r["settings"]
-    lines = [f"# krill bench latency ({r['size']})", "", f"Machine: {machine_line(r)}.", "",
+    only = f", {r['only']} only" if r.get("only") else ""
+    lines = [f"# krill bench latency ({r['size']}{only})", "", f"Machine: {machine_line(r)}.", "",
              f"One `krill demo` run per link profile: {s['workers']} workers ({s['adversaries']} forging its "
              f"rewards) and {s['verifiers']} verifier reach Anvil through a lagging TCP proxy each (HTTP and "
              f"WebSocket, delay per chunk one way, seeded); the coordinator, the local store and SQLite are local. "

@@ -58,3 +58,33 @@ def test_the_table_names_a_profile_whose_role_stopped_and_tallies_the_others():
            "no (jailed: worker-2) |" in text
     assert "| 150 ms | - | - | - | - | - | - | 2 / 2 | worker-0 stopped unexpectedly: |" in text
     assert "| eth_call | 4.67 |" in text and "usable CPUs of" in text
+
+
+def test_link_runs_one_profile_of_the_default_size_seeded_as_in_the_full_run(monkeypatch, tmp_path):
+    """`--link 300` runs the 300 ms profile alone, with the seed it has in the full run (so runs before and
+    after a change compare), and a name that is no profile is refused before anything runs."""
+    from click.testing import CliRunner
+
+    import krill.bench.latency as latency
+    from krill.cli import cli
+    from krill.errors import KrillError
+
+    assert latency.profile_named("300") == latency.profile_named("300 ms") == "300 ms"
+    with pytest.raises(ValueError, match="no link profile"):
+        latency.profile_named("250")
+    seeds = []
+
+    def run_probed_demo(config, workdir, chain_link):
+        seeds.append(chain_link.seed)
+        raise KrillError("stopped here")
+
+    monkeypatch.setattr(latency, "run_probed_demo", run_probed_demo)
+    monkeypatch.setattr(latency, "model_dir", lambda size, root: root / "model")
+    full = latency.run_latency("default", echo=lambda line: None)
+    one = latency.run_latency("default", echo=lambda line: None, link="300")
+    assert [p["profile"] for p in one["points"]] == ["300 ms"] and one["only"] == "300 ms"
+    assert seeds[-1] == seeds[list(latency.PROFILES).index("300 ms")]
+    assert len(full["points"]) == len(latency.PROFILES) and "only" not in full
+    assert "300 ms only" in latency.markdown(one)
+    result = CliRunner().invoke(cli, ["bench", "latency", "--link", "250", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "no link profile" in result.output
