@@ -377,56 +377,54 @@ class Transactor:
         sender = self.address
         # `gas` is given so web3 does not estimate on its own against "latest": we estimate against
         # "pending", the block the transaction lands in, so block.number-dependent checks agree.
-        # Placeholder fees: the estimate does not depend on them, and the real ones may ride its request.
+        # Placeholder fees: the estimate does not depend on them, and fees due are read in its round trip.
         tx = dict(build({"from": sender, "chainId": self._chain_id(), "maxFeePerGas": 0,
                          "maxPriorityFeePerGas": 0, "gas": 1}))
         probe = {k: tx[k] for k in ("from", "to", "data", "value") if k in tx}
-        fees, tx["gas"] = self._fees_and_estimate(probe, what)
-        tx.update(fees)
+        tx["gas"] = self._estimate(probe, what)
+        tx.update(self._fees())
         tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
         try:
             return self._sign_send_wait(tx, what)
         except TransactionOutOfGas:
             pass  # no effect but its fee: once more, on the state that outgrew its estimate (module docstring)
-        tx["gas"] = self._estimate(probe, what)
-        tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
         # With fees read afresh: the first send may have been replaced with raised fees as the base fee
         # rose (`_replace`), and the fees it was built with may be under the base fee by now.
         self.forget_fees()
+        tx["gas"] = self._estimate(probe, what)
         tx.update(self._fees())
+        tx["nonce"] = self.nonces.take(self.w3, sender, self.retry)
         return self._sign_send_wait(tx, what)
 
-    def _fees_and_estimate(self, probe: dict, what: str) -> tuple[dict[str, int], int]:
-        """`_fees()` and `_estimate(probe)`; fees due for a read are read in the estimate's round trip (one
-        JSON-RPC batch of the three requests) from an HTTP node, one after another from a node that refuses
-        batches or answers one of the fee reads with an error."""
+    def _fees_due(self) -> bool:
         cached = self._fee_cache
-        if self._in_process or (cached is not None and time.monotonic() - cached[0] < FEE_REUSE_S):
-            return self._fees(), self._estimate(probe, what)
-        params = self._hex_params(probe)
+        return cached is None or time.monotonic() - cached[0] >= FEE_REUSE_S
+
+    def _estimate_with_fees(self, params: dict, what: str) -> int | None:
+        """The estimate of `params` (hex) with the fees read in the same round trip (one JSON-RPC batch, kept
+        for `_fees`); None from a node that refuses batches (an HTTP 400, a non-list answer) or answers
+        without a block."""
         batch = [("eth_getBlockByNumber", ["latest", False]), ("eth_maxPriorityFeePerGas", []),
                  ("eth_estimateGas", [params, "pending"])]
-        with phase("chain_estimate"):
-            try:
-                answers = self._rpc(lambda: self.w3.provider.make_batch_request(batch), f"{what} (fees and estimate)")
-            except ChainUnavailableError:
-                raise
-            except Exception:  # noqa: BLE001 - a node that refuses batches its own way (an HTTP 400): one at a time
-                answers = None
-        if not isinstance(answers, list) or len(answers) != len(batch) or "result" not in answers[0] \
-                or not isinstance(answers[0]["result"], dict):
-            return self._fees(), self._estimate(probe, what)  # no batches here, or no block: one at a time
+        try:
+            answers = self._rpc(lambda: self.w3.provider.make_batch_request(batch), f"{what} (fees and estimate)")
+        except ChainUnavailableError:
+            raise
+        except Exception:  # noqa: BLE001 - a node that refuses batches its own way: one request at a time
+            return None
+        if not isinstance(answers, list) or len(answers) != len(batch) or not isinstance(answers[0], dict) \
+                or not isinstance(answers[0].get("result"), dict):
+            return None
         block, tip, estimate = answers
         base = int(block["result"].get("baseFeePerGas") or "0x0", 16)
         priority = int(tip["result"], 16) if isinstance(tip.get("result"), str) else self._tip()
-        fees = {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority}
-        self._fee_cache = (time.monotonic(), fees)
+        self._fee_cache = (time.monotonic(), {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority})
         if estimate.get("error") is not None:
             raise call_error(estimate["error"], what, "eth_estimateGas")
         result = estimate.get("result")
         if not isinstance(result, str) or not result.startswith("0x"):
             raise ChainError(f"{what}: the node answered eth_estimateGas with {result!r}, not hex data")
-        return dict(fees), int(int(result, 16) * self.gas_margin) + 10_000
+        return int(result, 16)
 
     @staticmethod
     def _hex_params(probe: dict) -> dict:
@@ -575,8 +573,10 @@ class Transactor:
             self._rpc(lambda: self.w3.eth.call(probe, "pending"), f"{what} (call)")
             return IN_PROCESS_GAS_LIMIT
         params = self._hex_params(probe)
-        # Straight through the provider, as `raw_call`: web3's middleware doubled the request's CPU.
-        gas = int(self._request("eth_estimateGas", [params, "pending"], what, f"{what} (estimate)"), 16)
+        gas = self._estimate_with_fees(params, what) if self._fees_due() else None
+        if gas is None:
+            # Straight through the provider, as `raw_call`: web3's middleware doubled the request's CPU.
+            gas = int(self._request("eth_estimateGas", [params, "pending"], what, f"{what} (estimate)"), 16)
         return int(gas * self.gas_margin) + 10_000
 
     def send_value(self, to: str, wei: int) -> Receipt:
