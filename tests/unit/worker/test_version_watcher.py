@@ -74,6 +74,55 @@ def test_a_stale_reading_is_not_used(monkeypatch):
     assert watcher.latest() is None  # never started: nothing refreshed it
 
 
+def test_a_reading_stays_fresh_while_the_step_that_refreshes_it_runs_on_a_slow_link(monkeypatch):
+    """300 ms from the node a read takes 0.6 s, more than the reading's `max_age_s`: the reading went stale
+    during every read, fetch and stake check, and the worker, polling for the next version, read the chain
+    itself. It stays fresh while a step that began while it was fresh runs, for up to `STEP_GRACE_S`."""
+    from krill.worker import watcher as module
+
+    now = [100.0]  # the watcher's clock, moved by the test alone
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    seen_during: list = []  # what a worker asking meanwhile gets, at the end of each read
+
+    class SlowLink(ScriptedSource):
+        def __init__(self, answers, read_s):
+            super().__init__(answers)
+            self.read_s = read_s
+
+        def latest(self):
+            now[0] += self.read_s
+            seen_during.append(watcher.latest())
+            return super().latest()
+
+    source = SlowLink([7, 7, 8, 8], read_s=0.6)
+    checked: list = []
+
+    def stake_check(version):  # two more reads
+        now[0] += 1.2
+        checked.append((version, watcher.latest()))
+
+    watcher = VersionWatcher(source, interval_s=0.025, max_age_s=0.05)
+    watcher.poll()
+    watcher.on_new_version = stake_check
+    assert watcher.latest() == 7
+    now[0] += 0.04
+    watcher.poll()  # began while the reading was fresh
+    assert seen_during[1] == 7
+    now[0] += 0.04
+    watcher.poll()  # a new version: its read, then its fetch and stake check
+    assert seen_during[2] == 7
+    assert checked == [(8, 8)]
+    assert watcher.latest() is None  # the step is over: the reading it left is 1.2 s old
+    source.read_s = module.STEP_GRACE_S + 0.01  # a read stuck longer (an outage): the worker reads itself
+    watcher._seen = (8, now[0])
+    watcher.poll()
+    assert seen_during[3] is None
+    now[0] += 1.0
+    source.read_s = 0.6
+    watcher.poll()  # began with the reading already stale: it does not vouch for it
+    assert seen_during[4] is None
+
+
 def test_errors_leave_the_reading_to_go_stale_and_the_thread_retries():
     source = ScriptedSource([ConnectionError("chain down")] * 5 + [9])
     watcher = VersionWatcher(source, interval_s=0.01).start()
