@@ -329,12 +329,13 @@ class Transactor:
     def _fees(self) -> dict[str, int]:
         """EIP-1559 fees, read at most once per `FEE_REUSE_S` (two requests, a third of a transaction's
         CPU): the base fee moves at most 12.5% a block, which the doubled base fee in maxFee covers."""
-        cached = self._fee_cache
-        if cached is not None and time.monotonic() - cached[0] < FEE_REUSE_S:
-            return dict(cached[1])
+        if not self._fees_due():
+            return dict(self._fee_cache[1])
         block = self._rpc(lambda: self.w3.eth.get_block("latest"), "eth_getBlockByNumber")
-        base = int(block.get("baseFeePerGas") or 0)
-        priority = self._tip()
+        return self._keep_fees(int(block.get("baseFeePerGas") or 0), self._tip())
+
+    def _keep_fees(self, base: int, priority: int) -> dict[str, int]:
+        """The fees of a base fee and tip just read (maxFee = 2 x base fee + tip), kept for `_fees`."""
         fees = {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority}
         self._fee_cache = (time.monotonic(), fees)
         return dict(fees)
@@ -418,7 +419,7 @@ class Transactor:
         block, tip, estimate = answers
         base = int(block["result"].get("baseFeePerGas") or "0x0", 16)
         priority = int(tip["result"], 16) if isinstance(tip.get("result"), str) else self._tip()
-        self._fee_cache = (time.monotonic(), {"maxFeePerGas": 2 * base + priority, "maxPriorityFeePerGas": priority})
+        self._keep_fees(base, priority)
         if estimate.get("error") is not None:
             raise call_error(estimate["error"], what, "eth_estimateGas")
         result = estimate.get("result")
