@@ -78,12 +78,18 @@ def test_run_refuses_an_unstaked_account_then_stake_registers_the_key(run_env, c
     assert info.ed25519_public_key != b"\x00" * 32
 
 
-def test_killed_verifier_resumes_without_attesting_twice(run_env, config_file, tmp_path):
-    env, me = run_env, run_env.address(CLI_VERIFIER)
+def _staked(env):
+    """The CLI verifier's chain client, its account staked as a verifier (when run without the stake test)."""
     chain = env.at(CLI_VERIFIER)
-    if chain.stake_of(me).role != Role.VERIFIER:  # when run without the stake test
+    if chain.stake_of(env.address(CLI_VERIFIER)).role != Role.VERIFIER:
         chain.approve_stake(150 * 10**18)
         chain.stake(Role.VERIFIER, 150 * 10**18, bytes(SigningKey(b"\x42" * 32).verify_key))
+    return chain
+
+
+def test_killed_verifier_resumes_without_attesting_twice(run_env, config_file, tmp_path):
+    env, me = run_env, run_env.address(CLI_VERIFIER)
+    chain = _staked(env)
     first, _ = env.produce(WORKER_A)
     env.mine(1)
     log = tmp_path / "verifier.log"
@@ -126,10 +132,7 @@ def test_a_suspended_verifier_resumes_says_what_it_missed_and_attests_what_is_st
     from verifier_env import WINDOW, WORKER_B
 
     env, me = run_env, run_env.address(CLI_VERIFIER)
-    chain = env.at(CLI_VERIFIER)
-    if chain.stake_of(me).role != Role.VERIFIER:  # when run without the stake test
-        chain.approve_stake(150 * 10**18)
-        chain.stake(Role.VERIFIER, 150 * 10**18, bytes(SigningKey(b"\x42" * 32).verify_key))
+    chain = _staked(env)
     first, _ = env.produce(WORKER_A)
     env.mine(1)
     log = tmp_path / "verifier.log"
